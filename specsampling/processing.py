@@ -1,0 +1,79 @@
+"""One processing function for target and draft alike: temperature, then top-k, then top-p."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ._types import Probs
+from .errors import InvalidDistribution
+
+
+def process(
+    logits: Any,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+) -> Probs:
+    r"""Turn logits of shape ``(..., vocab_size)`` into the probabilities actually sampled from.
+
+    Softmax of ``logits / temperature``, then keep the ``top_k`` most probable tokens, then the
+    smallest set of most probable tokens whose mass reaches ``top_p``, renormalising each time.
+    Temperature 0 is greedy decoding: a one-hot on the argmax (lowest id on ties), handled by the
+    same verification code as any other target. Ties at the top-k / top-p boundary keep the lower
+    token ids. ``-inf`` logits mark banned tokens; batched rows are processed independently and
+    give the same result as one row at a time.
+
+    Verification must use exactly these distributions for both models (peer bugs B1, B2, B13):
+    apply this function to target and draft logits with the same arguments where the draft is
+    meant to follow the same sampling rule.
+
+    Examples
+    --------
+    >>> process([0.0, 1.0, 2.0], temperature=0)
+    array([0., 0., 1.])
+    >>> process([0.0, 0.0, 0.0, 0.0], top_k=2)
+    array([0.5, 0.5, 0. , 0. ])
+    >>> process([1.0, float("nan")])
+    Traceback (most recent call last):
+    ...
+    specsampling.errors.InvalidDistribution: logits: NaN or +inf entries
+    """
+    arr = np.asarray(logits, dtype=np.float64)
+    if arr.ndim == 0 or arr.shape[-1] == 0:
+        raise InvalidDistribution(f"logits: expected shape (..., vocab_size), got {arr.shape}")
+    if np.isnan(arr).any() or np.isposinf(arr).any():
+        raise InvalidDistribution("logits: NaN or +inf entries")
+    if np.isneginf(arr).all(axis=-1).any():
+        raise InvalidDistribution("logits: a row has every entry -inf")
+    if not (np.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"temperature: expected a finite number >= 0, got {temperature}")
+    vocab_size = arr.shape[-1]
+    if top_k is not None and (isinstance(top_k, bool) or not 1 <= int(top_k) or top_k != int(top_k)):
+        raise ValueError(f"top_k: expected an integer >= 1, got {top_k}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p: expected 0 < top_p <= 1, got {top_p}")
+
+    if temperature == 0:
+        probs = np.zeros_like(arr)
+        np.put_along_axis(probs, np.argmax(arr, axis=-1)[..., None], 1.0, axis=-1)
+        return probs
+    scaled = arr / temperature
+    scaled = scaled - scaled.max(axis=-1, keepdims=True)
+    probs = np.exp(scaled)
+    probs /= probs.sum(axis=-1, keepdims=True)
+    order = np.argsort(-probs, axis=-1, kind="stable")
+    ranked = np.take_along_axis(probs, order, axis=-1)
+    keep = np.ones_like(ranked, dtype=bool)
+    if top_k is not None and top_k < vocab_size:
+        keep[..., int(top_k) :] = False
+    if top_p is not None:
+        kept = np.where(keep, ranked, 0.0)
+        mass_before = np.cumsum(kept, axis=-1) - kept
+        keep &= mass_before < top_p * kept.sum(axis=-1, keepdims=True)
+    mask = np.zeros_like(keep)
+    np.put_along_axis(mask, order, keep, axis=-1)
+    probs = np.where(mask, probs, 0.0)
+    out: Probs = probs / probs.sum(axis=-1, keepdims=True)
+    return out

@@ -1,0 +1,68 @@
+r"""Naive speculative sampling (NSS; SpecInfer's "naive" rule, MCSD's MCNS).
+
+Algorithm. At node :math:`v` draw :math:`y \sim p(\cdot \mid v)`; if :math:`y` is a child of
+:math:`v`, descend into it, otherwise emit :math:`y` and stop. At a leaf the draw is the bonus.
+
+Theorem. Lossless for **any** draft tree, deterministic ones included (EAGLE-2, DDTree, OPT-Tree):
+every emitted token is the target's own sample, drawn with fresh noise independent of the tree.
+
+Acceptance. :math:`E[\tau] = \sum_{v \neq \text{root}} \prod_{u \in \text{path}(v)} p(u \mid
+\text{parent}(u))`; for :math:`k` i.i.d. candidates at one position
+:math:`P(\text{accept}) = \sum_t p(t)\,(1 - (1 - q(t))^k)`.
+
+Reference: Miao et al., SpecInfer, arXiv 2305.09781; Yang et al., MCSD, arXiv 2401.06706.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._types import Probs
+from ..noise import Noise
+from ..ops import categorical
+from ..shapes import Shape
+from ..tree import DraftTree
+from .base import NodeScheme, Step
+
+
+class NSS(NodeScheme):
+    """Accept iff the target's own sample is a drafted child; exact on every shape.
+
+    >>> import specsampling as ss
+    >>> from fractions import Fraction as F
+    >>> ss.acceptance("nss", [F(1, 2), F(1, 3), F(1, 6)], [F(1, 3)] * 3, num_drafts=2)
+    Fraction(5, 9)
+    """
+
+    name = "nss"
+    reference = "Miao et al. 2024, SpecInfer (arXiv 2305.09781); Yang et al. 2024 (arXiv 2401.06706)"
+
+    def supports(self, shape: Shape) -> bool:
+        return True
+
+    def closed_acceptance(self, target: Probs, draft: Probs, num_drafts: int) -> Any:
+        from ..calculators import nss_acceptance
+
+        return nss_acceptance(target, draft, num_drafts)
+
+    def node_verify(
+        self, tree: DraftTree, node: int, target_probs: Probs, draft_probs: Probs, noise: Noise
+    ) -> Step:
+        token = categorical(target_probs[node], noise.sample[node])
+        child = tree.child_with_token(node, token)
+        return (child, None) if child is not None else (None, token)
+
+    def node_law(
+        self, tree: DraftTree, node: int, target_probs: Probs, draft_probs: Probs
+    ) -> tuple[list[tuple[int, Any]], Probs]:
+        target = target_probs[node]
+        stop = target.copy()
+        descend = []
+        for child in tree.children(node):
+            token = tree.tokens[child]
+            descend.append((child, target[token]))
+            stop[token] = 0 * target[token]
+        return descend, stop
+
+
+SCHEME = NSS()

@@ -1,0 +1,260 @@
+"""Draft shapes: how a round drafts a tree, and the exact law of every tree it can draft.
+
+A shape is a static plan of *draw steps*. Step ``s`` draws one token below the node produced by
+its parent step (the root for ``-1``) in one of three modes:
+
+* ``iid`` -- from the draft distribution ``q(. | node)``;
+* ``without`` -- from ``q`` with the node's earlier candidates removed and renormalised (skipped,
+  with its descendants, once the draft's support is exhausted);
+* ``top`` -- deterministically, the most probable draft token not yet a child (ties: lowest id).
+
+Draws of a token the node already has add that child to the node's candidate list again, so
+i.i.d. children keep their multiplicity (see :class:`~specsampling.tree.DraftTree`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from ._types import Prefix, Probs, Scalar
+from .ops import categorical, support
+from .pairs import ModelPair
+from .tree import DraftTree
+from .validation import check_positive_int
+
+Mode = Literal["iid", "without", "top"]
+Law = Literal["iid", "without", "deterministic"]
+Chooser = Callable[[Probs], Iterable[tuple[int, Scalar]]]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A drafting plan. Build one with the class methods, e.g. ``Shape.paths(2, 3)``.
+
+    Attributes
+    ----------
+    kind, params
+        The constructor and its arguments (also the ``repr``).
+    steps
+        ``(parent_step, mode)`` per draw step, parents before children.
+    law
+        ``"iid"``, ``"without"`` or ``"deterministic"``: how sibling candidates are drawn.
+    is_chain
+        Every node has at most one candidate and drafts are sampled: a single path.
+    """
+
+    kind: str
+    params: tuple[Any, ...]
+    steps: tuple[tuple[int, Mode], ...]
+    law: Law
+    is_chain: bool
+
+    def __repr__(self) -> str:
+        return f"{self.kind}({', '.join(repr(p) for p in self.params)})"
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def chain(cls, length: int) -> Shape:
+        """One path of ``length`` tokens drafted autoregressively from ``q``.
+
+        >>> Shape.chain(3).depth
+        3
+        """
+        length = check_positive_int(length, "length")
+        return cls("chain", (length,), _path_steps(-1, length), "iid", True)
+
+    @classmethod
+    def star(cls, num_drafts: int, replacement: bool = True) -> Shape:
+        """``num_drafts`` candidates at one position, i.i.d. or without replacement.
+
+        >>> Shape.star(4, replacement=False)
+        star(4, replacement=False)
+        """
+        k = check_positive_int(num_drafts, "num_drafts")
+        mode: Mode = "iid" if replacement else "without"
+        law: Law = "iid" if replacement else "without"
+        return cls("star", (k, _Kw("replacement", replacement)), ((-1, mode),) * k, law, k == 1)
+
+    @classmethod
+    def paths(cls, num_drafts: int, length: int) -> Shape:
+        """``num_drafts`` i.i.d. paths of ``length`` tokens merged into a trie."""
+        k = check_positive_int(num_drafts, "num_drafts")
+        length = check_positive_int(length, "length")
+        steps: list[tuple[int, Mode]] = []
+        for _ in range(k):
+            steps.extend(_path_steps(-1, length, offset=len(steps)))
+        return cls("paths", (k, length), tuple(steps), "iid", k == 1)
+
+    @classmethod
+    def branching(cls, widths: Sequence[int], replacement: bool = False) -> Shape:
+        """``widths[d]`` children below every node of depth ``d`` (default without replacement)."""
+        widths = _check_widths(widths)
+        mode: Mode = "iid" if replacement else "without"
+        law: Law = "iid" if replacement else "without"
+        steps = _level_steps(widths, mode)
+        chain = all(w == 1 for w in widths)
+        return cls("branching", (widths, _Kw("replacement", replacement)), steps, law, chain)
+
+    @classmethod
+    def delayed(cls, num_drafts: int, trunk: int, branch: int) -> Shape:
+        """Delayed tree expansion: one trunk path, then ``num_drafts`` i.i.d. branch paths."""
+        k = check_positive_int(num_drafts, "num_drafts")
+        trunk = check_positive_int(trunk, "trunk", minimum=0)
+        branch = check_positive_int(branch, "branch")
+        steps = list(_path_steps(-1, trunk))
+        for _ in range(k):
+            steps.extend(_path_steps(trunk - 1, branch, offset=len(steps)))
+        params = (k, _Kw("trunk", trunk), _Kw("branch", branch))
+        return cls("delayed", params, tuple(steps), "iid", k == 1)
+
+    @classmethod
+    def top(cls, widths: Sequence[int]) -> Shape:
+        """Deterministic tree of the draft's top ``widths[d]`` tokens per node (EAGLE style)."""
+        widths = _check_widths(widths)
+        return cls("top", (widths,), _level_steps(widths, "top"), "deterministic", False)
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def depth(self) -> int:
+        """Maximum number of drafted tokens on a path."""
+        depths: list[int] = []
+        for parent, _ in self.steps:
+            depths.append(1 if parent < 0 else depths[parent] + 1)
+        return max(depths)
+
+    def draft(self, pair: ModelPair, rng: np.random.Generator, prefix: Prefix = ()) -> DraftTree:
+        """Draft one tree after ``prefix``, drawing each token by inverse CDF from ``rng``."""
+
+        def choose(probs: Probs) -> Iterable[tuple[int, Scalar]]:
+            return ((categorical(probs, float(rng.random())), 1),)
+
+        tree, _ = next(self._grow(pair, tuple(prefix), choose))
+        return tree
+
+    def enumerate(self, pair: ModelPair, prefix: Prefix = ()) -> Iterator[tuple[DraftTree, Any]]:
+        """Every tree this shape can draft after ``prefix``, with its exact probability.
+
+        The probabilities are products of draft probabilities, so exact (``Fraction``) pairs give
+        exact weights. Exponential in the number of steps: meant for small vocabularies.
+
+        >>> from specsampling.pairs import Stationary
+        >>> from fractions import Fraction as F
+        >>> pair = Stationary([F(1, 2), F(1, 2)], [F(1, 4), F(3, 4)])
+        >>> [(t.tokens, w) for t, w in Shape.star(2, replacement=False).enumerate(pair)]
+        [((-1, 0, 1), Fraction(1, 4)), ((-1, 1, 0), Fraction(3, 4))]
+        """
+
+        def choose(probs: Probs) -> Iterable[tuple[int, Scalar]]:
+            return ((int(t), probs[t]) for t in support(probs))
+
+        return self._grow(pair, tuple(prefix), choose)
+
+    # ------------------------------------------------------------------ machinery
+    def _grow(
+        self, pair: ModelPair, prefix: Prefix, choose: Chooser
+    ) -> Iterator[tuple[DraftTree, Any]]:
+        root = _State((), (), {0: ()}, {0: ()})
+        yield from self._expand(pair, prefix, choose, 0, root, 1)
+
+    def _expand(
+        self,
+        pair: ModelPair,
+        prefix: Prefix,
+        choose: Chooser,
+        step: int,
+        state: _State,
+        weight: Any,
+    ) -> Iterator[tuple[DraftTree, Any]]:
+        if step == len(self.steps):
+            yield DraftTree.from_draws(state.draws), weight
+            return
+        parent_step, mode = self.steps[step]
+        node = 0 if parent_step < 0 else state.node_of_step[parent_step]
+        proposal = None if node is None else _proposal(pair, prefix, state, node, mode)
+        if node is None or proposal is None:
+            yield from self._expand(pair, prefix, choose, step + 1, state.skip(), weight)
+            return
+        for token, prob in choose(proposal):
+            child = state.add(node, token)
+            yield from self._expand(pair, prefix, choose, step + 1, child, weight * prob)
+
+
+@dataclass(frozen=True)
+class _State:
+    draws: tuple[tuple[int, int], ...]
+    node_of_step: tuple[int | None, ...]
+    prefixes: dict[int, Prefix]
+    child_tokens: dict[int, tuple[int, ...]]
+
+    def skip(self) -> _State:
+        return _State(self.draws, (*self.node_of_step, None), self.prefixes, self.child_tokens)
+
+    def add(self, node: int, token: int) -> _State:
+        prefixes = self.prefixes
+        child_tokens = dict(self.child_tokens)
+        child = next((c for c, p in prefixes.items() if p == (*prefixes[node], token)), None)
+        if child is None:
+            child = len(prefixes)
+            prefixes = {**prefixes, child: (*prefixes[node], token)}
+            child_tokens[child] = ()
+        child_tokens[node] = (*child_tokens[node], token)
+        draws = (*self.draws, (node, token))
+        return _State(draws, (*self.node_of_step, child), prefixes, child_tokens)
+
+
+def _proposal(pair: ModelPair, prefix: Prefix, state: _State, node: int, mode: Mode) -> Any:
+    draft = pair.draft(prefix + state.prefixes[node])
+    if mode == "iid":
+        return draft
+    remaining = draft.copy()
+    for token in state.child_tokens[node]:
+        remaining[token] = 0 * remaining[token]
+    if not remaining.sum() > 0:
+        return None
+    if mode == "without":
+        return remaining / remaining.sum()
+    best = int(np.argmax(_as_float(remaining)))
+    one_hot = np.zeros_like(draft)
+    one_hot[best] = 1
+    return one_hot
+
+
+def _as_float(probs: Probs) -> Any:
+    return np.asarray([float(x) for x in probs]) if probs.dtype == object else probs
+
+
+def _path_steps(parent: int, length: int, offset: int = 0) -> tuple[tuple[int, Mode], ...]:
+    return tuple((parent if i == 0 else offset + i - 1, "iid") for i in range(length))
+
+
+def _level_steps(widths: tuple[int, ...], mode: Mode) -> tuple[tuple[int, Mode], ...]:
+    steps: list[tuple[int, Mode]] = []
+    level = [-1]
+    for width in widths:
+        next_level = []
+        for parent in level:
+            for _ in range(width):
+                next_level.append(len(steps))
+                steps.append((parent, mode))
+        level = next_level
+    return tuple(steps)
+
+
+def _check_widths(widths: Sequence[int]) -> tuple[int, ...]:
+    widths = tuple(widths)
+    if not widths:
+        raise ValueError("widths: needs at least one depth")
+    return tuple(check_positive_int(w, f"widths[{i}]") for i, w in enumerate(widths))
+
+
+@dataclass(frozen=True)
+class _Kw:
+    name: str
+    value: Any
+
+    def __repr__(self) -> str:
+        return f"{self.name}={self.value!r}"
