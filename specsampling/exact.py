@@ -41,7 +41,7 @@ def round_law(scheme: Any, pair: ModelPair, shape: Shape, prefix: Prefix = ()) -
     >>> pair = ss.pairs.Stationary([F(1, 2), F(1, 2)], [F(1, 4), F(3, 4)])
     >>> law = ss.round_law("standard", pair, ss.Shape.chain(1))
     >>> law[(0,)], law[(1, 0)], sum(law.values())
-    (Fraction(1, 4), Fraction(1, 3), Fraction(1, 1))
+    (Fraction(1, 4), Fraction(1, 4), Fraction(1, 1))
     """
     resolved = get_scheme(scheme)
     law: Law = {}
@@ -84,9 +84,7 @@ def extended_law(
     return law
 
 
-def stream_law(
-    scheme: Any, pair: ModelPair, shape: Shape, length: int, prefix: Prefix = ()
-) -> Law:
+def stream_law(scheme: Any, pair: ModelPair, shape: Shape, length: int, prefix: Prefix = ()) -> Law:
     """Exact law of the first ``length`` tokens emitted by repeated rounds of ``scheme``.
 
     Round laws are computed once per visited context, so the cost grows with

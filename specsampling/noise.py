@@ -34,7 +34,7 @@ class Noise(NamedTuple):
 
     @classmethod
     def constant(cls, value: float, num_nodes: int) -> Noise:
-        """Every uniform equal to ``value``: boundary tests use ``0.0`` and the largest float < 1."""
+        """Every uniform equal to ``value`` (boundary tests: ``0.0``, the largest float < 1)."""
         return cls.checked(np.full(num_nodes, value), np.full(num_nodes, value), num_nodes)
 
     @classmethod

@@ -50,7 +50,9 @@ def process(
     if not (np.isfinite(temperature) and temperature >= 0):
         raise ValueError(f"temperature: expected a finite number >= 0, got {temperature}")
     vocab_size = arr.shape[-1]
-    if top_k is not None and (isinstance(top_k, bool) or not 1 <= int(top_k) or top_k != int(top_k)):
+    if top_k is not None and (
+        isinstance(top_k, bool) or not 1 <= int(top_k) or top_k != int(top_k)
+    ):
         raise ValueError(f"top_k: expected an integer >= 1, got {top_k}")
     if top_p is not None and not 0 < top_p <= 1:
         raise ValueError(f"top_p: expected 0 < top_p <= 1, got {top_p}")

@@ -40,7 +40,9 @@ class DraftTree:
         seen: set[tuple[int, int]] = set()
         for node in range(1, len(parents)):
             if not 0 <= parents[node] < node:
-                raise ValueError(f"tree: node {node} has parent {parents[node]}, not an earlier node")
+                raise ValueError(
+                    f"tree: node {node} has parent {parents[node]}, not an earlier node"
+                )
             if tokens[node] < 0:
                 raise ValueError(f"tree: node {node} has negative token {tokens[node]}")
             key = (parents[node], tokens[node])

@@ -67,7 +67,9 @@ def check_distribution(probs: Any, name: str, vocab_size: int | None = None) -> 
         try:
             arr = np.array([Fraction(x) for x in arr], dtype=object)
         except (TypeError, ValueError) as err:
-            raise InvalidDistribution(f"{name}: mixes exact and non-rational entries ({err})") from None
+            raise InvalidDistribution(
+                f"{name}: mixes exact and non-rational entries ({err})"
+            ) from None
         if any(x < 0 for x in arr):
             raise InvalidDistribution(f"{name}: negative entry at index {_first(arr < 0)}")
         total = sum(arr, Fraction(0))

@@ -26,7 +26,9 @@ class Registry(Mapping[str, Scheme]):
         try:
             return self._schemes[name]
         except KeyError:
-            raise KeyError(f"unknown scheme {name!r}; registered: {sorted(self._schemes)}") from None
+            raise KeyError(
+                f"unknown scheme {name!r}; registered: {sorted(self._schemes)}"
+            ) from None
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._schemes)

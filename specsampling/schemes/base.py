@@ -164,7 +164,8 @@ class NodeScheme(TreeScheme):
 
     def bonus(self, tree: DraftTree, node: int, target_probs: Probs) -> Probs:
         """Distribution of the bonus token at a node without candidates."""
-        return target_probs[node]
+        bonus: Probs = target_probs[node]
+        return bonus
 
     def verify(
         self, tree: DraftTree, target_probs: Probs, draft_probs: Probs, noise: Noise

@@ -35,7 +35,9 @@ class NSS(NodeScheme):
     """
 
     name = "nss"
-    reference = "Miao et al. 2024, SpecInfer (arXiv 2305.09781); Yang et al. 2024 (arXiv 2401.06706)"
+    reference = (
+        "Miao et al. 2024, SpecInfer (arXiv 2305.09781); Yang et al. 2024 (arXiv 2401.06706)"
+    )
 
     def supports(self, shape: Shape) -> bool:
         return True

@@ -41,7 +41,9 @@ class SpecInfer(NodeScheme):
     """
 
     name = "specinfer"
-    reference = "Miao et al. 2024, SpecInfer (arXiv 2305.09781); Yang et al. 2024 (arXiv 2401.06706)"
+    reference = (
+        "Miao et al. 2024, SpecInfer (arXiv 2305.09781); Yang et al. 2024 (arXiv 2401.06706)"
+    )
 
     def supports(self, shape: Shape) -> bool:
         return shape.is_chain or shape.law == "iid"
