@@ -47,7 +47,7 @@ def process(
         raise InvalidDistribution("logits: NaN or +inf entries")
     if np.isneginf(arr).all(axis=-1).any():
         raise InvalidDistribution("logits: a row has every entry -inf")
-    if not (np.isfinite(temperature) and temperature >= 0):
+    if isinstance(temperature, bool) or not (np.isfinite(temperature) and temperature >= 0):
         raise ValueError(f"temperature: expected a finite number >= 0, got {temperature}")
     vocab_size = arr.shape[-1]
     if top_k is not None and (
@@ -61,8 +61,9 @@ def process(
         probs = np.zeros_like(arr)
         np.put_along_axis(probs, np.argmax(arr, axis=-1)[..., None], 1.0, axis=-1)
         return probs
-    scaled = arr / temperature
-    scaled = scaled - scaled.max(axis=-1, keepdims=True)
+    # Subtract the row maximum before dividing: a tiny temperature must not overflow to inf - inf.
+    with np.errstate(over="ignore"):
+        scaled = (arr - arr.max(axis=-1, keepdims=True)) / temperature
     probs = np.exp(scaled)
     probs /= probs.sum(axis=-1, keepdims=True)
     order = np.argsort(-probs, axis=-1, kind="stable")
@@ -70,7 +71,7 @@ def process(
     keep = np.ones_like(ranked, dtype=bool)
     if top_k is not None and top_k < vocab_size:
         keep[..., int(top_k) :] = False
-    if top_p is not None:
+    if top_p is not None and top_p < 1:
         kept = np.where(keep, ranked, 0.0)
         mass_before = np.cumsum(kept, axis=-1) - kept
         keep &= mass_before < top_p * kept.sum(axis=-1, keepdims=True)

@@ -25,6 +25,9 @@ def is_exact(probs: Probs) -> bool:
 def check_distribution(probs: Any, name: str, vocab_size: int | None = None) -> Probs:
     """Validate a 1-D distribution and return it as float64 or as a ``Fraction`` object array.
 
+    Float inputs within the mass tolerance are renormalised to sum to one (to rounding), so no
+    derived probability exceeds one; exact inputs are returned unchanged.
+
     Parameters
     ----------
     probs : array_like, shape (vocab_size,)
@@ -64,12 +67,13 @@ def check_distribution(probs: Any, name: str, vocab_size: int | None = None) -> 
             f"{name}: vocabulary mismatch, length {arr.shape[0]} but vocab_size is {vocab_size}"
         )
     if exact:
-        try:
-            arr = np.array([Fraction(x) for x in arr], dtype=object)
-        except (TypeError, ValueError) as err:
+        if not all(isinstance(x, (Fraction, int, np.integer)) for x in arr):
             raise InvalidDistribution(
-                f"{name}: mixes exact and non-rational entries ({err})"
-            ) from None
+                f"{name}: mixes exact Fraction entries with floats; use one or the other"
+            )
+        arr = np.array(
+            [Fraction(int(x)) if not isinstance(x, Fraction) else x for x in arr], dtype=object
+        )
         if any(x < 0 for x in arr):
             raise InvalidDistribution(f"{name}: negative entry at index {_first(arr < 0)}")
         total = sum(arr, Fraction(0))
@@ -85,7 +89,8 @@ def check_distribution(probs: Any, name: str, vocab_size: int | None = None) -> 
         raise InvalidDistribution(
             f"{name}: mass is {total:.6g}, not 1 (tolerance {MASS_TOLERANCE:g})"
         )
-    return arr
+    out: Probs = arr / total
+    return out
 
 
 def check_token(token: Any, name: str, vocab_size: int) -> int:
