@@ -1,0 +1,233 @@
+"""Sampled rounds follow the exact law: chi-square tests on counts with a declared budget.
+
+Every test here draws a fixed number of rounds with a fixed seed and compares the **counts** of
+outcomes with the exact law (``ss.round_law``, ``scheme.verdict_law``, ``shape.enumerate``) by
+Pearson's chi-square (``scipy.stats.chisquare``), after merging the least likely outcomes into
+bins of expected count >= ``MIN_EXPECTED``. A sampled outcome outside the law's support fails at
+once. Because the seeds are fixed the suite is deterministic; the budget states how often a
+correct implementation would fail over random seeds.
+
+False-positive budget: ``FALSE_POSITIVE_BUDGET = 1e-3`` for the whole file, split evenly
+(Bonferroni) over the ``NUM_CHI_SQUARE_TESTS`` tests that must accept, so each rejects at
+``ALPHA``. The negative controls use the same ``ALPHA`` and must *reject*; they are power checks
+and spend none of the budget.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+from scipy import stats
+
+import specsampling as ss
+from specsampling import DraftTree, Noise, Shape
+from specsampling.pairs import Random, Stationary
+from specsampling.schemes import tables
+
+SEED = 20240611
+NUM_ROUNDS = 12_000
+NUM_VERIFY = 20_000
+NUM_TREES = 12_000
+MIN_EXPECTED = 5.0
+
+ZERO_PAIR = Stationary([0.6, 0.0, 0.4], [0.3, 0.5, 0.2])  # drafts a token the target bans
+RANDOM_PAIR = Random(3, seed=2)  # context dependent; some rows have zeros
+
+# (scheme, shape, pair name): sampled rounds vs ss.round_law.
+MARGINAL_CASES = [
+    ("standard", Shape.chain(1), "zero"),
+    ("standard", Shape.chain(3), "random"),
+    ("nss", Shape.star(3), "zero"),
+    ("nss", Shape.paths(2, 2), "random"),
+    ("nss", Shape.top((2, 1)), "random"),
+    ("specinfer", Shape.star(3), "zero"),
+    ("specinfer", Shape.paths(2, 2), "random"),
+    ("specinfer", Shape.delayed(2, trunk=1, branch=1), "random"),
+    ("rsd", Shape.star(2, replacement=False), "zero"),
+    ("rsd", Shape.branching((2, 1)), "random"),
+    ("rsd", Shape.chain(2), "random"),
+]
+PAIRS = {"zero": ZERO_PAIR, "random": RANDOM_PAIR}
+
+
+def _own_shape(scheme):
+    """The scheme's own two-candidate law, or a chain where it has none."""
+    shape = scheme.single_shape(2)
+    return shape if scheme.supports(shape) else Shape.chain(2)
+
+
+# Registering a scheme puts it under test: schemes without a hand-picked case get their own law.
+MARGINAL_CASES += [
+    (name, _own_shape(scheme), "random")
+    for name, scheme in sorted(ss.SCHEMES.items())
+    if name not in {case[0] for case in MARGINAL_CASES}
+]
+
+CONDITIONAL_PAIR = Stationary([0.45, 0.05, 0.3, 0.2], [0.1, 0.4, 0.2, 0.3])
+# One fixed tree per scheme, of the scheme's supported kind: (scheme, draws).
+CONDITIONAL_CASES = [
+    ("standard", [(0, 1), (1, 3), (2, 2)]),  # a chain
+    ("nss", [(0, 1), (0, 3), (1, 0), (1, 2), (2, 1)]),  # any tree
+    ("specinfer", [(0, 1), (0, 1), (0, 3), (1, 2), (1, 2)]),  # i.i.d. duplicates
+    ("rsd", [(0, 1), (0, 3), (0, 2), (1, 0), (1, 3)]),  # distinct siblings
+]
+CONDITIONAL_CASES += [
+    (name, None)  # None: a tree drafted from the scheme's own shape, see _conditional_tree
+    for name in sorted(ss.SCHEMES)
+    if name not in {case[0] for case in CONDITIONAL_CASES}
+]
+
+# Shapes whose sampled trees must follow shape.enumerate's weights.
+TREE_CASES = [
+    Shape.chain(2),
+    Shape.star(3),
+    Shape.star(3, replacement=False),
+    Shape.paths(2, 2),
+    Shape.branching((2, 2)),
+    Shape.delayed(2, trunk=1, branch=1),
+]
+
+FALSE_POSITIVE_BUDGET = 1e-3
+NUM_CHI_SQUARE_TESTS = len(MARGINAL_CASES) + len(CONDITIONAL_CASES) + len(TREE_CASES)
+ALPHA = FALSE_POSITIVE_BUDGET / NUM_CHI_SQUARE_TESTS  # per test, Bonferroni
+
+
+def chi_square_pvalue(counts, law):
+    """P-value of observed ``counts`` under ``law`` ({outcome: probability}), bins merged.
+
+    Outcomes are sorted by expected count and the smallest are pooled until each bin expects at
+    least ``MIN_EXPECTED``; a remainder joins the last bin. Needs at least two bins.
+    """
+    num = sum(counts.values())
+    support = {key for key, prob in law.items() if prob > 0}
+    stray = [key for key in counts if key not in support]
+    assert not stray, f"sampled outcomes the exact law gives probability 0: {stray[:5]}"
+    total = float(sum(law.values()))
+    assert abs(total - 1) < 1e-9, total
+    bins = []
+    expected_acc, observed_acc = 0.0, 0
+    for key in sorted(support, key=lambda key: (float(law[key]), repr(key))):
+        expected_acc += float(law[key]) / total * num
+        observed_acc += counts.get(key, 0)
+        if expected_acc >= MIN_EXPECTED:
+            bins.append([expected_acc, observed_acc])
+            expected_acc, observed_acc = 0.0, 0
+    if bins and (expected_acc > 0 or observed_acc > 0):
+        bins[-1][0] += expected_acc
+        bins[-1][1] += observed_acc
+    assert len(bins) >= 2, "test design: the law needs two bins to be tested"
+    expected = np.array([b[0] for b in bins])
+    observed = np.array([b[1] for b in bins])
+    expected *= num / expected.sum()
+    return float(stats.chisquare(observed, expected).pvalue)
+
+
+def sampled_rounds(scheme, pair, shape, seed, num=NUM_ROUNDS):
+    rng = np.random.default_rng(seed)
+    return Counter(ss.speculate(scheme, pair, shape, rng).tokens for _ in range(num))
+
+
+def test_budget_is_declared():
+    assert NUM_CHI_SQUARE_TESTS >= 21  # 11 + 4 + 6 with the first four schemes; grows with them
+    assert ALPHA * NUM_CHI_SQUARE_TESTS == pytest.approx(FALSE_POSITIVE_BUDGET)
+    assert {case[0] for case in MARGINAL_CASES} == set(ss.SCHEMES)
+    assert {case[0] for case in CONDITIONAL_CASES} == set(ss.SCHEMES)
+
+
+def _conditional_tree(scheme, draws):
+    if draws is not None:
+        return DraftTree.from_draws(draws)
+    # The largest of a few trees drafted with a fixed seed from the scheme's own shape.
+    rng = np.random.default_rng(SEED + 500)
+    shape = _own_shape(scheme)
+    trees = [shape.draft(CONDITIONAL_PAIR, rng) for _ in range(20)]
+    return max(trees, key=lambda tree: tree.num_nodes)
+
+
+@pytest.mark.parametrize("index", range(len(MARGINAL_CASES)))
+def test_sampled_rounds_match_round_law(index):
+    scheme, shape, pair_name = MARGINAL_CASES[index]
+    pair = PAIRS[pair_name]
+    law = ss.round_law(scheme, pair, shape)
+    counts = sampled_rounds(scheme, pair, shape, SEED + index)
+    pvalue = chi_square_pvalue(counts, law)
+    assert pvalue > ALPHA, (scheme, shape, pvalue)
+
+
+@pytest.mark.parametrize("index", range(len(CONDITIONAL_CASES)))
+def test_verify_matches_verdict_law_given_the_tree(index):
+    name, draws = CONDITIONAL_CASES[index]
+    scheme = ss.SCHEMES[name]
+    tree = _conditional_tree(scheme, draws)
+    target_probs, draft_probs = tables(CONDITIONAL_PAIR, tree)
+    law = scheme.verdict_law(tree, target_probs, draft_probs)
+    assert len([v for v, p in law.items() if p > 0]) >= 3, "test design: too few verdicts"
+    rng = np.random.default_rng(SEED + 100 + index)
+    counts = Counter(
+        scheme.verify(tree, target_probs, draft_probs, Noise.draw(rng, tree.num_nodes))
+        for _ in range(NUM_VERIFY)
+    )
+    pvalue = chi_square_pvalue(counts, law)
+    assert pvalue > ALPHA, (name, pvalue)
+
+
+def _tree_key(tree):
+    return (tree.parents, tree.tokens, tree.candidates)
+
+
+@pytest.mark.parametrize("index", range(len(TREE_CASES)))
+def test_drafted_trees_match_enumeration(index):
+    shape = TREE_CASES[index]
+    pair = Random(3, seed=2)
+    law = Counter()
+    for tree, weight in shape.enumerate(pair):
+        law[_tree_key(tree)] += weight
+    rng = np.random.default_rng(SEED + 200 + index)
+    counts = Counter(_tree_key(shape.draft(pair, rng)) for _ in range(NUM_TREES))
+    pvalue = chi_square_pvalue(counts, law)
+    assert pvalue > ALPHA, (shape, pvalue)
+
+
+# ----------------------------------------------------------------------------- negative controls
+
+
+def test_negative_control_wrong_law_is_rejected():
+    """Counts from the real sampler against the law with the target replaced by the draft."""
+    pair = Stationary([0.5, 0.3, 0.2], [0.2, 0.3, 0.5])
+    wrong = Stationary([0.2, 0.3, 0.5], [0.2, 0.3, 0.5])
+    for scheme, shape in [("specinfer", Shape.star(2)), ("standard", Shape.chain(2))]:
+        counts = sampled_rounds(scheme, pair, shape, SEED + 300)
+        wrong_law = {k: v for k, v in ss.round_law(scheme, wrong, shape).items()}
+        # Give the wrong law the right support so the chi-square itself must do the rejecting.
+        support = set(ss.round_law(scheme, pair, shape)) | set(wrong_law)
+        smoothed = {k: 0.99 * wrong_law.get(k, 0) + 0.01 / len(support) for k in support}
+        assert chi_square_pvalue(counts, smoothed) < ALPHA, scheme
+        assert chi_square_pvalue(counts, ss.round_law(scheme, pair, shape)) > ALPHA
+
+
+def test_negative_control_rsd_on_iid_drafts_is_rejected():
+    """A real bug: RRS without replacement fed i.i.d. candidates (spec §2b, TV about 0.17)."""
+    pair = Random(3, seed=2)
+    shape = Shape.star(3)
+    rsd = ss.SCHEMES["rsd"]
+    rng = np.random.default_rng(SEED + 400)
+    counts = Counter()
+    for _ in range(NUM_ROUNDS):
+        tree = shape.draft(pair, rng)  # bypasses the scheme's refusal on purpose
+        verdict = rsd.verify(tree, *tables(pair, tree), Noise.draw(rng, tree.num_nodes))
+        counts[(*tree.prefix(verdict.node), verdict.token)[:1]] += 1
+    target = pair.target(())
+    law = {(t,): target[t] for t in range(3)}
+    assert chi_square_pvalue(counts, law) < ALPHA
+    # The same harness accepts the scheme that is exact for these drafts.
+    spec_counts = Counter(
+        ss.speculate("specinfer", pair, shape, rng).tokens[:1] for _ in range(NUM_ROUNDS)
+    )
+    assert chi_square_pvalue(spec_counts, law) > ALPHA
+
+
+def test_stray_outcome_fails_immediately():
+    with pytest.raises(AssertionError, match="probability 0"):
+        chi_square_pvalue(Counter({(0,): 10, (1,): 1}), {(0,): 0.5, (2,): 0.5})

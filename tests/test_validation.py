@@ -1,0 +1,292 @@
+"""Input validation at every public entry point: the error type, and a message naming the argument.
+
+Specs: ARCHITECTURE.md "Distributions" (one validator, ``InvalidDistribution`` is a ``ValueError``,
+tolerance 1e-6 for floats, exact for Fractions) and "Scheme" (``UnsupportedShape`` instead of a
+silently biased verification).
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction as F
+
+import numpy as np
+import pytest
+
+import specsampling as ss
+from specsampling import calculators
+from specsampling.noise import LARGEST_BELOW_ONE
+from specsampling.validation import check_distribution, check_token
+
+GOOD = [0.5, 0.25, 0.25]
+GOOD_EXACT = [F(1, 2), F(1, 4), F(1, 4)]
+
+# (bad distribution, fragment the message must contain)
+BAD_DISTRIBUTIONS = [
+    pytest.param([[0.5, 0.25, 0.25]], "1-D", id="2-D"),
+    pytest.param([], "non-empty", id="empty"),
+    pytest.param(0.5, "1-D", id="scalar"),
+    pytest.param([math.nan, 0.5, 0.5], "NaN", id="nan"),
+    pytest.param([math.inf, 0.0, 0.0], "inf", id="inf"),
+    pytest.param([-math.inf, 1.0, 1.0], "inf", id="-inf"),
+    pytest.param([1.25, -0.25, 0.0], "negative", id="negative"),
+    pytest.param([0.5, 0.6, 0.0], "mass", id="mass-over"),
+    pytest.param([0.5, 0.25, 0.2], "mass", id="mass-under"),
+    pytest.param([0.5, 0.25, 0.25 + 2e-6], "mass", id="mass-just-over-tolerance"),
+    pytest.param([0.0, 0.0, 0.0], "mass", id="all-zero"),
+    pytest.param(["a", "b", "c"], "numeric", id="strings"),
+    pytest.param([F(1, 2), F(1, 3), F(1, 7)], "exact mass", id="fraction-mass"),
+    pytest.param([F(1, 2), F(1, 2), F(1, 10**12)], "exact mass", id="fraction-mass-tiny"),
+    pytest.param([F(3, 2), F(-1, 2), F(0)], "negative", id="fraction-negative"),
+    pytest.param([F(1, 2), math.nan, F(1, 2)], "exact", id="fraction-with-nan"),
+]
+
+
+def _entry_points():
+    """Public calls taking ``(target, draft)``; each must validate both arguments."""
+    return {
+        "acceptance": lambda t, d: ss.acceptance("nss", t, d, 2),
+        "acceptance-rsd": lambda t, d: ss.acceptance("rsd", t, d, 2),
+        "output_law": lambda t, d: ss.output_law("specinfer", t, d, 2),
+        "Stationary": lambda t, d: ss.pairs.Stationary(t, d),
+        "standard_acceptance": lambda t, d: calculators.standard_acceptance(t, d),
+        "nss_acceptance": lambda t, d: calculators.nss_acceptance(t, d, 2),
+        "specinfer_acceptance": lambda t, d: calculators.specinfer_acceptance(t, d, 2),
+        "Table": lambda t, d: ss.pairs.Table({(): (t, d)}),
+    }
+
+
+ENTRY_POINTS = _entry_points()
+
+
+def _good_like(bad):
+    """A valid distribution of the same kind (exact or float) as ``bad``."""
+    exact = isinstance(bad, list) and any(isinstance(x, F) for x in bad)
+    return GOOD_EXACT if exact else GOOD
+
+
+@pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
+@pytest.mark.parametrize(("bad", "fragment"), BAD_DISTRIBUTIONS)
+def test_bad_target_is_named(entry, bad, fragment):
+    call = ENTRY_POINTS[entry]
+    with pytest.raises(ss.InvalidDistribution, match=fragment) as info:
+        call(bad, _good_like(bad))
+    assert "target" in str(info.value)
+    assert "draft" not in str(info.value)
+
+
+@pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
+@pytest.mark.parametrize(("bad", "fragment"), BAD_DISTRIBUTIONS)
+def test_bad_draft_is_named(entry, bad, fragment):
+    call = ENTRY_POINTS[entry]
+    with pytest.raises(ss.InvalidDistribution, match=fragment) as info:
+        call(_good_like(bad), bad)
+    assert "draft" in str(info.value)
+
+
+@pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
+def test_vocab_mismatch_is_named(entry):
+    with pytest.raises(ss.InvalidDistribution, match="vocabulary mismatch") as info:
+        ENTRY_POINTS[entry]([0.5, 0.25, 0.25], [0.5, 0.5])
+    assert "draft" in str(info.value)
+
+
+def test_invalid_distribution_is_a_value_error():
+    assert issubclass(ss.InvalidDistribution, ValueError)
+    assert issubclass(ss.UnsupportedShape, ValueError)
+
+
+def test_table_names_prefix_and_role():
+    with pytest.raises(ss.InvalidDistribution, match=r"mapping\[\(0,\)\]\.draft"):
+        ss.pairs.Table({(): (GOOD, GOOD), (0,): (GOOD, [0.5, 0.5, 0.5])})
+    with pytest.raises(ss.InvalidDistribution, match="vocabulary mismatch"):
+        ss.pairs.Table({(): (GOOD, GOOD), (0,): ([0.5, 0.5], [0.5, 0.5])})
+
+
+def test_float_tolerance_is_one_in_a_million():
+    within = [0.5, 0.25, 0.25 + 5e-7]
+    assert check_distribution(within, "target").dtype == np.float64
+    assert ss.pairs.Stationary(within, GOOD).vocab_size == 3
+    with pytest.raises(ss.InvalidDistribution, match="target: mass"):
+        check_distribution([0.5, 0.25, 0.25 - 2e-6], "target")
+
+
+def test_exact_inputs_stay_exact():
+    out = check_distribution([F(1, 3), F(2, 3), 0], "target")
+    assert out.dtype == object
+    assert all(isinstance(x, F) for x in out)
+    assert sum(out) == 1
+
+
+def test_mixing_exact_and_float_pairs_is_refused():
+    with pytest.raises(ValueError, match="mixed"):
+        ss.pairs.Stationary(GOOD_EXACT, GOOD)
+    with pytest.raises(ValueError, match="mixed"):
+        ss.pairs.Stationary(GOOD, GOOD_EXACT)
+    with pytest.raises(ValueError, match="mixed"):
+        calculators.specinfer_acceptance(GOOD_EXACT, GOOD, 2)
+
+
+@pytest.mark.parametrize(
+    ("token", "fragment"),
+    [
+        (4, "out of range"),
+        (-1, "out of range"),
+        (100, "out of range"),
+        (True, "integers"),
+        (1.0, "integers"),
+        ("1", "integers"),
+        (None, "integers"),
+    ],
+)
+def test_check_token_rejects(token, fragment):
+    with pytest.raises(ss.InvalidDistribution, match=f"draft_token: .*{fragment}"):
+        check_token(token, "draft_token", 4)
+
+
+def test_check_token_accepts_numpy_ints():
+    assert check_token(np.int64(3), "token", 4) == 3
+    assert type(check_token(np.int32(0), "token", 4)) is int
+
+
+@pytest.mark.parametrize(
+    "value", [1.0, -1e-300, -0.5, 1.5, math.nan, math.inf], ids=lambda v: repr(v)
+)
+def test_noise_out_of_unit_interval(value):
+    with pytest.raises(ss.InvalidDistribution, match=r"noise\.accept"):
+        ss.Noise.checked([0.5, value], [0.5, 0.5], 2)
+    with pytest.raises(ss.InvalidDistribution, match=r"noise\.sample"):
+        ss.Noise.checked([0.5, 0.5], [value, 0.5], 2)
+    with pytest.raises(ss.InvalidDistribution):
+        ss.Noise.constant(value, 3)
+
+
+def test_noise_boundaries_and_shape():
+    noise = ss.Noise.checked([0.0, LARGEST_BELOW_ONE], [LARGEST_BELOW_ONE, 0.0], 2)
+    assert noise.accept[1] == LARGEST_BELOW_ONE < 1.0
+    with pytest.raises(ss.InvalidDistribution, match=r"noise\.accept: expected shape \(3,\)"):
+        ss.Noise.checked([0.5, 0.5], [0.5, 0.5, 0.5], 3)
+
+
+NUM_DRAFTS_CALLS = {
+    "acceptance": lambda k: ss.acceptance("nss", GOOD, GOOD, k),
+    "output_law": lambda k: ss.output_law("nss", GOOD, GOOD, k),
+    "nss_acceptance": lambda k: calculators.nss_acceptance(GOOD, GOOD, k),
+    "specinfer_acceptance": lambda k: calculators.specinfer_acceptance(GOOD, GOOD, k),
+    "Shape.star": lambda k: ss.Shape.star(k),
+    "Shape.paths": lambda k: ss.Shape.paths(k, 2),
+    "Shape.delayed": lambda k: ss.Shape.delayed(k, trunk=1, branch=1),
+}
+
+
+@pytest.mark.parametrize("call", sorted(NUM_DRAFTS_CALLS))
+@pytest.mark.parametrize("num_drafts", [0, -1, 1.5, True, "2", None], ids=repr)
+def test_bad_num_drafts(call, num_drafts):
+    with pytest.raises(ValueError, match="num_drafts"):
+        NUM_DRAFTS_CALLS[call](num_drafts)
+
+
+def test_unknown_scheme_lists_registered_names():
+    with pytest.raises(KeyError) as info:
+        ss.SCHEMES["no-such-scheme"]
+    message = str(info.value)
+    assert "no-such-scheme" in message
+    for name in ("standard", "nss", "specinfer", "rsd"):
+        assert name in message
+    with pytest.raises(KeyError, match="specinfer"):
+        ss.acceptance("spec-infer", GOOD, GOOD, 2)
+    with pytest.raises(TypeError, match="scheme"):
+        ss.get_scheme(3)
+
+
+STANDARD_PAIR = ss.pairs.Stationary(GOOD, [0.25, 0.25, 0.5])
+
+UNSUPPORTED = [
+    ("standard", ss.Shape.star(2)),
+    ("standard", ss.Shape.star(2, replacement=False)),
+    ("standard", ss.Shape.paths(2, 2)),
+    ("standard", ss.Shape.top((1,))),
+    ("standard", ss.Shape.top((2, 1))),
+    ("rsd", ss.Shape.star(2)),
+    ("rsd", ss.Shape.paths(2, 1)),
+    ("rsd", ss.Shape.delayed(2, trunk=1, branch=1)),
+    ("rsd", ss.Shape.top((2,))),
+    ("specinfer", ss.Shape.star(2, replacement=False)),
+    ("specinfer", ss.Shape.branching((2, 2))),
+    ("specinfer", ss.Shape.top((2,))),
+]
+
+
+@pytest.mark.parametrize(("name", "shape"), UNSUPPORTED, ids=lambda x: repr(x))
+def test_unsupported_shape_is_refused_everywhere(name, shape):
+    scheme = ss.SCHEMES[name]
+    assert scheme.supports(shape) is False
+    rng = np.random.default_rng(0)
+    calls = [
+        lambda: ss.round_law(name, STANDARD_PAIR, shape),
+        lambda: ss.expected_emitted(scheme, STANDARD_PAIR, shape),
+        lambda: ss.lossless_error(name, STANDARD_PAIR, shape),
+        lambda: ss.speculate(name, STANDARD_PAIR, shape, rng),
+        lambda: ss.generate(name, STANDARD_PAIR, shape, 3, rng),
+        lambda: list(scheme.outcomes(STANDARD_PAIR, shape, ())),
+    ]
+    for call in calls:
+        with pytest.raises(ss.UnsupportedShape, match=name) as info:
+            call()
+        assert repr(shape) in str(info.value)
+
+
+def test_single_position_refusals():
+    with pytest.raises(ss.UnsupportedShape, match="standard"):
+        ss.acceptance("standard", GOOD, GOOD, 2)
+    with pytest.raises(ss.UnsupportedShape, match="standard"):
+        ss.output_law("standard", GOOD, GOOD, 2)
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [ss.Shape.chain(2), ss.Shape.star(1), ss.Shape.paths(1, 2), ss.Shape.branching((1, 1))],
+    ids=repr,
+)
+def test_every_scheme_supports_chains(shape):
+    for name, scheme in ss.SCHEMES.items():
+        assert scheme.supports(shape), name
+
+
+def test_nss_supports_every_shape():
+    nss = ss.SCHEMES["nss"]
+    for _, shape in UNSUPPORTED:
+        assert nss.supports(shape)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: ss.Shape.chain(0),
+        lambda: ss.Shape.chain(1.0),
+        lambda: ss.Shape.paths(2, 0),
+        lambda: ss.Shape.branching(()),
+        lambda: ss.Shape.branching((2, 0)),
+        lambda: ss.Shape.delayed(2, trunk=-1, branch=1),
+        lambda: ss.Shape.delayed(2, trunk=1, branch=0),
+        lambda: ss.Shape.top(()),
+        lambda: ss.Shape.top((1, -2)),
+    ],
+)
+def test_bad_shape_arguments(make):
+    with pytest.raises(ValueError):
+        make()
+
+
+def test_bad_lengths_and_rng():
+    pair = ss.pairs.Stationary(GOOD, GOOD)
+    with pytest.raises(ValueError, match="length"):
+        ss.stream_law("nss", pair, ss.Shape.chain(1), 0)
+    with pytest.raises(ValueError, match="length"):
+        ss.generate("nss", pair, ss.Shape.chain(1), 0, np.random.default_rng(0))
+    with pytest.raises(TypeError, match="rng"):
+        ss.speculate("nss", pair, ss.Shape.chain(1), np.random.RandomState(0))
+    with pytest.raises(ValueError, match="vocab_size"):
+        ss.pairs.Random(1)
+    with pytest.raises(ValueError, match="seed"):
+        ss.pairs.Random(3, seed=-1)
