@@ -9,7 +9,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 import numpy as np
 
 from .._types import Prefix, Probs
-from ..errors import UnsupportedShape
+from ..errors import InvalidDistribution, UnsupportedShape
 from ..noise import Noise
 from ..ops import categorical, support
 from ..pairs import ModelPair
@@ -82,6 +82,31 @@ def tables(pair: ModelPair, tree: DraftTree, prefix: Prefix = ()) -> tuple[Probs
     target = np.stack([pair.target(p) for p in prefixes])
     draft = np.stack([pair.draft(p) for p in prefixes])
     return target, draft
+
+
+def check_round(
+    tree: DraftTree, target_probs: Probs, draft_probs: Probs, noise: Noise | None = None
+) -> None:
+    """Check that tables and noise fit ``tree``: one row per node, every token id in range.
+
+    Cheap (no pass over the probabilities); :mod:`specsampling.validation` checks the rows when
+    pairs are built. Raises :class:`~specsampling.InvalidDistribution` naming the argument.
+    """
+    num_nodes = tree.num_nodes
+    for name, table in (("target_probs", target_probs), ("draft_probs", draft_probs)):
+        if np.ndim(table) != 2 or len(table) != num_nodes:
+            raise InvalidDistribution(
+                f"{name}: expected shape ({num_nodes}, vocab_size), got {np.shape(table)}"
+            )
+    vocab_size = target_probs.shape[1]
+    if draft_probs.shape[1] != vocab_size:
+        raise InvalidDistribution(
+            f"draft_probs: vocabulary mismatch, {draft_probs.shape[1]} vs {vocab_size}"
+        )
+    if max(tree.tokens) >= vocab_size:
+        raise InvalidDistribution(f"tree: token id {max(tree.tokens)} >= vocab_size {vocab_size}")
+    if noise is not None:
+        Noise.checked(noise.accept, noise.sample, num_nodes)
 
 
 class TreeScheme(ABC):
@@ -170,6 +195,7 @@ class NodeScheme(TreeScheme):
     def verify(
         self, tree: DraftTree, target_probs: Probs, draft_probs: Probs, noise: Noise
     ) -> Verdict:
+        check_round(tree, target_probs, draft_probs, noise)
         node = 0
         while True:
             if not tree.candidates[node]:
@@ -182,6 +208,7 @@ class NodeScheme(TreeScheme):
             node = child
 
     def verdict_law(self, tree: DraftTree, target_probs: Probs, draft_probs: Probs) -> VerdictLaw:
+        check_round(tree, target_probs, draft_probs)
         law: VerdictLaw = {}
         pending: list[tuple[int, Any]] = [(0, 1)]
         while pending:
