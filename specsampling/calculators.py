@@ -128,3 +128,35 @@ def _pair(target: Any, draft: Any) -> tuple[Probs, Probs]:
     if (target.dtype == object) != (draft.dtype == object):
         raise ValueError("target, draft: both exact (Fraction) or both float, not mixed")
     return target, draft
+
+
+def block_expected_accepted(pair: ModelPair, length: int, prefix: Prefix = ()) -> Any:
+    r"""Block verification on a chain: exact :math:`E[\tau] = \sum_{i \le \gamma} E_q[w_i]`.
+
+    :math:`w_i = \min(1, w_{i-1} p_i(x_i) / q_i(x_i))` is the capped cumulative likelihood
+    ratio (Sun et al. 2024). Enumerates drafted prefixes (``vocab ** (length - 1)`` at most).
+
+    >>> from fractions import Fraction as F
+    >>> from specsampling.pairs import Stationary
+    >>> block_expected_accepted(Stationary([F(1, 3), F(2, 3)], [F(2, 3), F(1, 3)]), 2)
+    Fraction(11, 9)
+    """
+    length = check_positive_int(length, "length", minimum=0)
+    return _block_sum(pair, length, tuple(prefix), 1)
+
+
+def _block_sum(pair: ModelPair, length: int, prefix: Prefix, weight: Any) -> Any:
+    if length == 0:
+        return 0
+    target, draft = pair.target(prefix), pair.draft(prefix)
+    drafted = np.flatnonzero(np.asarray(draft > 0, dtype=bool))
+    scaled = weight * target[drafted]
+    weights = np.where(scaled >= draft[drafted], 1, 0 * scaled)
+    below = scaled < draft[drafted]
+    weights[below] = scaled[below] / draft[drafted][below]
+    result: Any = total(draft[drafted] * weights)
+    if length > 1:
+        for token, w in zip(drafted, weights, strict=True):
+            deeper = _block_sum(pair, length - 1, (*prefix, int(token)), w)
+            result = result + draft[token] * deeper
+    return result
