@@ -6,7 +6,9 @@ its parent step (the root for ``-1``) in one of three modes:
 * ``iid`` -- from the draft distribution ``q(. | node)``;
 * ``without`` -- from ``q`` with the node's earlier candidates removed and renormalised (skipped,
   with its descendants, once the draft's support is exhausted);
-* ``top`` -- deterministically, the most probable draft token not yet a child (ties: lowest id).
+* ``top`` -- deterministically, the most probable draft token not yet a child (ties: lowest id);
+* ``hub`` -- the draft's most probable token (the hub) if it is not yet a child, otherwise a
+  draw from ``q`` without the node's earlier candidates (SpecHub's second draft).
 
 Draws of a token the node already has add that child to the node's candidate list again, so
 i.i.d. children keep their multiplicity (see :class:`~specsampling.tree.DraftTree`).
@@ -26,8 +28,8 @@ from .pairs import ModelPair
 from .tree import DraftTree
 from .validation import check_positive_int
 
-Mode = Literal["iid", "without", "top"]
-Law = Literal["iid", "without", "deterministic"]
+Mode = Literal["iid", "without", "top", "hub"]
+Law = Literal["iid", "without", "deterministic", "greedy", "hub"]
 Chooser = Callable[[Probs], Iterable[tuple[int, Scalar]]]
 
 
@@ -116,6 +118,26 @@ class Shape:
         """Deterministic tree of the draft's top ``widths[d]`` tokens per node (EAGLE style)."""
         widths = _check_widths(widths)
         return cls("top", (widths,), _level_steps(widths, "top"), "deterministic", False)
+
+    @classmethod
+    def greedy(cls, widths: Sequence[int]) -> Shape:
+        """Greedy multi-draft (Hu et al. 2025): per node of depth ``d``, the draft's top
+        ``widths[d] - 1`` tokens plus one draw from ``q`` restricted to the other tokens.
+
+        >>> Shape.greedy((3,)).steps
+        ((-1, 'top'), (-1, 'top'), (-1, 'without'))
+        """
+        widths = _check_widths(widths)
+        steps = _level_steps(widths, "top", last="without")
+        return cls("greedy", (widths,), steps, "greedy", all(w == 1 for w in widths))
+
+    @classmethod
+    def hub(cls, depth: int = 1) -> Shape:
+        """SpecHub's two-draft law per node: ``x1 ~ q``, then the hub ``a = argmax q`` if
+        ``x1 != a``, else ``x2 ~ q`` without ``a``; nodes of depth below ``depth`` branch."""
+        depth = check_positive_int(depth, "depth")
+        steps = _level_steps((2,) * depth, "iid", last="hub")
+        return cls("hub", (depth,), steps, "hub", False)
 
     # ------------------------------------------------------------------ queries
     @property
@@ -215,6 +237,13 @@ def _proposal(pair: ModelPair, prefix: Prefix, state: _State, node: int, mode: M
         remaining[token] = 0 * remaining[token]
     if not remaining.sum() > 0:
         return None
+    if mode == "hub":
+        hub = int(np.argmax(_as_float(draft)))
+        if hub not in state.child_tokens[node]:
+            mode = "top"
+            remaining = draft
+        else:
+            mode = "without"
     if mode == "without":
         return remaining / remaining.sum()
     best = int(np.argmax(_as_float(remaining)))
@@ -231,15 +260,20 @@ def _path_steps(parent: int, length: int, offset: int = 0) -> tuple[tuple[int, M
     return tuple((parent if i == 0 else offset + i - 1, "iid") for i in range(length))
 
 
-def _level_steps(widths: tuple[int, ...], mode: Mode) -> tuple[tuple[int, Mode], ...]:
+def _level_steps(
+    widths: tuple[int, ...], mode: Mode, last: Mode | None = None
+) -> tuple[tuple[int, Mode], ...]:
+    """Steps of a tree with ``widths[d]`` draws below each node of depth ``d``; ``last``
+    overrides the mode of each node's last draw."""
     steps: list[tuple[int, Mode]] = []
     level = [-1]
     for width in widths:
         next_level = []
         for parent in level:
-            for _ in range(width):
+            for i in range(width):
                 next_level.append(len(steps))
-                steps.append((parent, mode))
+                group_mode = last if last is not None and i == width - 1 else mode
+                steps.append((parent, group_mode))
         level = next_level
     return tuple(steps)
 

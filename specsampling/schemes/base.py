@@ -172,7 +172,9 @@ class NodeScheme(TreeScheme):
 
     Subclasses give the per-node rule twice, as a sampled decision (:meth:`node_verify`) and as
     its exact law (:meth:`node_law`). At a node without candidates the bonus token is drawn
-    from the target after that node.
+    from the target after that node. A token emitted at a node that equals one of its drafted
+    children (a residual "hit") descends into that child: the subtree below it was drafted
+    given that token alone, so verifying it keeps the output exact and never lowers acceptance.
     """
 
     @abstractmethod
@@ -204,7 +206,9 @@ class NodeScheme(TreeScheme):
             child, token = self.node_verify(tree, node, target_probs, draft_probs, noise)
             if child is None:
                 assert token is not None
-                return Verdict(node, token)
+                child = tree.child_with_token(node, token)
+                if child is None:
+                    return Verdict(node, token)
             node = child
 
     def verdict_law(self, tree: DraftTree, target_probs: Probs, draft_probs: Probs) -> VerdictLaw:
@@ -219,6 +223,10 @@ class NodeScheme(TreeScheme):
                 descend, stop = [], self.bonus(tree, node, target_probs)
             pending.extend((child, weight * prob) for child, prob in descend if prob > 0)
             for token in support(stop):
+                hit = tree.child_with_token(node, int(token))
+                if hit is not None:
+                    pending.append((hit, weight * stop[token]))
+                    continue
                 verdict = Verdict(node, int(token))
                 law[verdict] = law.get(verdict, 0) + weight * stop[token]
         return law

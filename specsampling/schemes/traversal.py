@@ -86,7 +86,7 @@ class Traversal(TreeScheme):
     reference = "Weng et al. 2025, traversal verification (arXiv 2505.12398)"
 
     def supports(self, shape: Shape) -> bool:
-        return shape.law != "deterministic"
+        return shape.is_chain or shape.law in ("iid", "without")
 
     def verify(
         self, tree: DraftTree, target_probs: Probs, draft_probs: Probs, noise: Noise
