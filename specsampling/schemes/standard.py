@@ -56,7 +56,7 @@ class Standard(NodeScheme):
         (child,) = tree.candidates[node]
         token = tree.tokens[child]
         target, draft = target_probs[node], draft_probs[node]
-        if accepts(noise.accept[child], target[token], draft[token]):
+        if self.accepts(noise.accept[child], target[token], draft[token]):
             return child, None
         return None, categorical(self.residual(target, draft), noise.sample[node])
 
@@ -69,9 +69,12 @@ class Standard(NodeScheme):
         accept = self.accept_probability(target[token], draft[token])
         return [(child, accept)], (1 - accept) * self.residual(target, draft)
 
-    # Hooks the mutant catalogue overrides; the scheme itself uses the core pieces.
+    # Hooks the mutant catalogue overrides, in pairs: the sampled test and its exact probability.
     def residual(self, target: Probs, draft: Probs) -> Probs:
         return residual(target, draft)
+
+    def accepts(self, u: float, target_x: Any, draft_x: Any) -> bool:
+        return accepts(u, target_x, draft_x)
 
     def accept_probability(self, target_x: Any, draft_x: Any) -> Any:
         return accept_probability(target_x, draft_x)
