@@ -37,12 +37,13 @@ def tree_bound(shape: ss.Shape, vocab: int) -> int:
     """Upper bound on the number of trees ``shape.enumerate`` yields over ``vocab`` tokens.
 
     An i.i.d. step has ``vocab`` outcomes, the ``i``-th without-replacement sibling
-    ``vocab - i`` (at least one: exhausted steps are skipped) and a top step one.
+    ``vocab - i`` (at least one: exhausted steps are skipped), a top step one and a hub step
+    at most ``vocab``.
     """
     bound = 1
     siblings: dict[int, int] = {}
     for parent, mode in shape.steps:
-        if mode == "iid":
+        if mode in ("iid", "hub"):
             bound *= vocab
         elif mode == "without":
             index = siblings.get(parent, 0)
@@ -71,6 +72,7 @@ def _catalogue() -> list[ss.Shape]:
     for widths in _all_widths():
         shapes += [ss.Shape.branching(widths, replacement=r) for r in (False, True)]
         shapes.append(ss.Shape.top(widths))
+        shapes.append(ss.Shape.greedy(widths))
     shapes += [
         ss.Shape.delayed(k, trunk=trunk, branch=branch)
         for k in range(1, 5)
@@ -78,6 +80,7 @@ def _catalogue() -> list[ss.Shape]:
         for branch in (1, 2, 3)
         if trunk + branch <= 3
     ]
+    shapes += [ss.Shape.hub(depth) for depth in (1, 2, 3)]
     # A static catalogue, pruned once: shapes too large to enumerate even over two tokens.
     return [shape for shape in shapes if tree_bound(shape, MIN_VOCAB) <= MAX_TREES]
 

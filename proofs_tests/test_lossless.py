@@ -38,9 +38,14 @@ DOCUMENTED_SUPPORT = {
     "specinfer": lambda shape: shape.is_chain or shape.law == "iid",
     "rsd": lambda shape: shape.is_chain or shape.law == "without",
     "nss": lambda shape: True,
+    "block": lambda shape: shape.is_chain,
+    "traversal": lambda shape: shape.is_chain or shape.law in ("iid", "without"),
+    "spectr": lambda shape: shape.is_chain or shape.law == "iid",
+    "greedy": lambda shape: shape.is_chain or shape.law == "greedy",
+    "spechub": lambda shape: shape.is_chain or shape.law == "hub",
 }
 #: Schemes whose accept test uses the draft probabilities (they cannot verify top-k drafts).
-DOCUMENTED_RATIO_BASED = ("standard", "specinfer", "rsd")
+DOCUMENTED_RATIO_BASED = ("standard", "specinfer", "rsd", "block", "traversal", "spectr")
 #: Shapes beyond the catalogue for the refusal checks (bigger, never enumerated there).
 LARGE_SHAPES = (
     ss.Shape.chain(6),
@@ -139,7 +144,7 @@ def test_boundary_noise_never_accepts_or_emits_impossible_tokens(
 def test_documented_schemes_are_registered_and_every_family_is_drawn() -> None:
     assert set(DOCUMENTED_SUPPORT) <= set(ss.SCHEMES)
     kinds = {shape.kind for shape in SHAPES}
-    assert kinds == {"chain", "star", "paths", "branching", "delayed", "top"}
+    assert kinds == {"chain", "star", "paths", "branching", "delayed", "top", "greedy", "hub"}
     assert all(shape.depth <= 3 for shape in SHAPES)
     for name in NAMES:
         assert supported_shapes(ss.SCHEMES[name]), f"{name} supports no catalogue shape"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from . import block, nss, rsd, specinfer, standard, traversal
+from . import block, greedy, nss, rsd, spechub, specinfer, spectr, standard, traversal
 from .base import NodeScheme, Scheme, TreeScheme, Verdict, VerdictLaw, tables
 
 
@@ -41,7 +41,7 @@ class Registry(Mapping[str, Scheme]):
 
 
 SCHEMES = Registry()
-for _module in (standard, nss, specinfer, rsd, block, traversal):
+for _module in (standard, nss, specinfer, rsd, block, traversal, spectr, greedy, spechub):
     SCHEMES.register(_module.SCHEME)
 
 
