@@ -69,6 +69,11 @@ def builtin_shapes() -> tuple[Shape, ...]:
         Shape.branching((2, 1), replacement=True),
         Shape.delayed(2, trunk=1, branch=1),
         Shape.top((2, 2)),
+        Shape.greedy((2,)),
+        Shape.greedy((3,)),
+        Shape.greedy((2, 2)),
+        Shape.hub(1),
+        Shape.hub(2),
     )
 
 
