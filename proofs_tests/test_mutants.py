@@ -8,18 +8,24 @@ on a fixed case, on a seeded sweep and in a hypothesis search.
 from __future__ import annotations
 
 import zlib
+from fractions import Fraction as F
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, find, settings
 
 import specsampling as ss
 from proofs_tests.controls import CONTROLS
-from proofs_tests.mutants import MUTANTS, Case
+from proofs_tests.mutants import MUTANTS as TOKEN_MUTANTS
+from proofs_tests.mutants import Case
+from proofs_tests.mutants_sequence import SEQUENCE_MUTANTS, BlockNoDenominatorGuard
 from proofs_tests.oracles import boundary_violations, chi_square_pvalue, sampled_counts
 from proofs_tests.strategies import cases
 from specsampling.pairs import Random
+from specsampling.schemes import tables
 
+MUTANTS = {**TOKEN_MUTANTS, **SEQUENCE_MUTANTS}
 NAMES = sorted(MUTANTS)
 LAW_MUTANTS = [name for name in NAMES if MUTANTS[name].caught_by == "law"]
 FLOAT_CAUGHT = 1e-6
@@ -171,3 +177,26 @@ def test_sampled_rule_matches_its_exact_law(name: str) -> None:
     counts = sampled_counts(scheme, pair, case.shape, rounds=3000, seed=zlib.crc32(name.encode()))
     pvalue = chi_square_pvalue(counts, law)
     assert pvalue > ALPHA, f"{name}: sampler and law disagree (p = {pvalue:.2e})"
+
+
+def test_block_without_the_denominator_guard_is_caught() -> None:
+    """w = 1 and S = 0 happen when draft == target; the guard sets h = 1. Without it, 0/0 puts a
+    NaN into the block probabilities (floats) or raises ZeroDivisionError (Fractions). Its
+    coefficient is 0 in exact arithmetic, so the law hides it: check the probabilities."""
+    shape = ss.Shape.chain(3)
+    floats = ss.pairs.Stationary([0.5, 0.3, 0.2], [0.5, 0.3, 0.2])
+    exact = ss.pairs.Stationary([F(1, 2), F(3, 10), F(1, 5)], [F(1, 2), F(3, 10), F(1, 5)])
+    for pair in (floats, exact):
+        tree = next(iter(shape.enumerate(pair)))[0]
+        path = list(range(tree.num_nodes))
+        tabs = tables(pair, tree)
+        _, accept = ss.SCHEMES["block"].block_probabilities(tree, path, *tabs)
+        assert all(0 <= h <= 1 for h in accept), accept
+        if pair is exact:
+            assert ss.lossless_error("block", pair, shape) == 0
+            with pytest.raises(ZeroDivisionError):
+                BlockNoDenominatorGuard().block_probabilities(tree, path, *tabs)
+        else:
+            with np.errstate(all="ignore"):
+                _, bad = BlockNoDenominatorGuard().block_probabilities(tree, path, *tabs)
+            assert any(np.isnan(float(h)) for h in bad)

@@ -55,10 +55,7 @@ class Block(TreeScheme):
         check_round(tree, target_probs, draft_probs, noise)
         path = _chain_nodes(tree)
         weights, accept = self.block_probabilities(tree, path, target_probs, draft_probs)
-        tau = 0
-        for i in range(1, len(path)):
-            if noise.accept[path[i]] < accept[i]:
-                tau = i
+        tau = self.choose_tau([noise.accept[node] for node in path], accept)
         node = path[tau]
         return Verdict(
             node,
@@ -72,16 +69,31 @@ class Block(TreeScheme):
         path = _chain_nodes(tree)
         weights, accept = self.block_probabilities(tree, path, target_probs, draft_probs)
         law: VerdictLaw = {}
-        later_fail: Any = 1
-        for tau in range(len(path) - 1, -1, -1):
-            prob = later_fail * (accept[tau] if tau > 0 else 1)
-            later_fail = later_fail * (1 - accept[tau]) if tau > 0 else later_fail
+        for tau, prob in enumerate(self.tau_law(accept)):
             if not prob > 0:
                 continue
             emit = self.emit(path, tau, weights, target_probs, draft_probs)
             for token, mass in enumerate(emit):
                 if mass > 0:
                     law[Verdict(path[tau], token)] = prob * mass
+        return law
+
+    def choose_tau(self, etas: list[float], accept: list[Any]) -> int:
+        """The **last** ``i >= 1`` with ``eta_i < h_i`` (0 if none): later successes override."""
+        tau = 0
+        for i in range(1, len(accept)):
+            if etas[i] < accept[i]:
+                tau = i
+        return tau
+
+    def tau_law(self, accept: list[Any]) -> list[Any]:
+        """Exact law of :meth:`choose_tau`: ``P(tau = i) = h_i prod_{j > i} (1 - h_j)``."""
+        law: list[Any] = [0] * len(accept)
+        later_fail: Any = 1
+        for i in range(len(accept) - 1, 0, -1):
+            law[i] = later_fail * accept[i]
+            later_fail = later_fail * (1 - accept[i])
+        law[0] = later_fail
         return law
 
     def block_probabilities(

@@ -44,6 +44,7 @@ class TraversalState:
     def __init__(self, tree: DraftTree, target_probs: Probs, draft_probs: Probs) -> None:
         self.tree = tree
         self.live = [list(tree.children(node)) for node in range(tree.num_nodes)]
+        self.initial_target = target_probs
         self.target = list(target_probs)
         self.draft = list(draft_probs)
         self.weight: list[Any] = [1] * tree.num_nodes
