@@ -16,6 +16,7 @@ from .exact import (
     stream_law,
 )
 from .noise import Noise
+from .optimal import lp_acceptance, optimal_acceptance
 from .processing import process
 from .sampling import Generation, Round, generate, speculate
 from .schemes import SCHEMES, Scheme, Verdict, get_scheme
@@ -43,7 +44,9 @@ __all__ = [
     "generate",
     "get_scheme",
     "lossless_error",
+    "lp_acceptance",
     "ops",
+    "optimal_acceptance",
     "output_law",
     "pairs",
     "process",

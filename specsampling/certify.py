@@ -52,7 +52,7 @@ def builtin_shapes() -> tuple[Shape, ...]:
     """The shapes every scheme is tried on (a scheme's own single-position law is added).
 
     >>> len(builtin_shapes())
-    14
+    19
     """
     return (
         Shape.chain(1),

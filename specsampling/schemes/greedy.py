@@ -159,6 +159,8 @@ def greedy_acceptance(target: Any, draft: Any, num_drafts: int) -> Any:
     num_drafts : int
         :math:`k \ge 1` (:math:`k = 1` is standard speculative sampling).
 
+    Examples
+    --------
     >>> from fractions import Fraction as F
     >>> greedy_acceptance([F(1, 2), F(1, 3), F(1, 6)], [F(1, 3)] * 3, 2)
     Fraction(1, 1)

@@ -251,6 +251,8 @@ def spechub_acceptance(target: Any, draft: Any) -> Any:
     target, draft : array_like, shape (vocab_size,)
         Processed distributions, both float or both ``Fraction``.
 
+    Examples
+    --------
     >>> from fractions import Fraction as F
     >>> spechub_acceptance([F(1, 2), F(1, 3), F(1, 6)], [F(1, 3)] * 3)
     Fraction(1, 1)
