@@ -98,7 +98,7 @@ def test_seeded_sweep_catches_mutant(name: str) -> None:
 #: A fixed search budget, independent of the profile: the search stops at the first hit
 #: (no shrinking; the catalogue's fixed cases are the minimal examples).
 SEARCH = settings(
-    max_examples=300,
+    max_examples=1500,
     phases=[Phase.generate],
     database=None,
     derandomize=True,

@@ -181,3 +181,39 @@ def test_closed_forms_equal_enumeration_on_random_pairs(scheme, k):
         target, draft = pair.target(()), pair.draft(())
         expected = acceptance_by_enumeration(scheme, target, draft, k)
         assert ss.acceptance(scheme, target, draft, k) == expected, seed
+
+
+# ----------------------------------------------------------------- sequence-level goldens (§5)
+# Block verification on p = (1/3, 2/3), q = (2/3, 1/3), gamma = 2: the paper's motivating
+# example, E[tau] = 11/9 against 10/9 for token-level verification; traversal equals block on
+# chains and gets 115/81 on two i.i.d. paths of length 2 (§8.3).
+BLOCK_TOY = ((F(1, 3), F(2, 3)), (F(2, 3), F(1, 3)))
+
+
+@pytest.mark.parametrize("scheme", ["block", "traversal"])
+def test_block_golden_eleven_ninths(scheme):
+    pair = Stationary(*BLOCK_TOY)
+    assert ss.expected_emitted(scheme, pair, Shape.chain(2)) == 1 + F(11, 9)
+    assert calculators.block_expected_accepted(pair, 2) == F(11, 9)
+
+
+def test_traversal_tree_golden():
+    assert ss.expected_emitted("traversal", Stationary(*BLOCK_TOY), Shape.paths(2, 2)) == 1 + F(
+        115, 81
+    )
+
+
+# E[tau + 1] of the chain table in §5 (printed to 3-4 significant digits).
+CHAIN_TABLE = [
+    ((0.8, 0.2), (0.5, 0.5), 2, 2.19, 2.25),
+    ((0.8, 0.2), (0.5, 0.5), 3, 2.533, 2.722),
+    ((0.5, 0.3, 0.2), (0.2, 0.3, 0.5), 3, 2.533, 2.695),
+]
+
+
+@pytest.mark.parametrize(("target", "draft", "gamma", "token", "block"), CHAIN_TABLE)
+def test_block_chain_table(target, draft, gamma, token, block):
+    pair = Stationary(target, draft)
+    assert abs(ss.expected_emitted("standard", pair, Shape.chain(gamma)) - token) < 5e-4
+    assert abs(ss.expected_emitted("block", pair, Shape.chain(gamma)) - block) < 5e-4
+    assert abs(calculators.block_expected_accepted(pair, gamma) + 1 - block) < 5e-4
