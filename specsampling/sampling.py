@@ -22,15 +22,28 @@ class Round(NamedTuple):
     tokens: tuple[int, ...]
 
 
-class Generation(NamedTuple):
-    """A stream of ``tokens`` assembled from ``rounds`` (the last one possibly truncated)."""
+class Generation(tuple[int, ...]):
+    """The emitted stream: a tuple of token ids, with the rounds that produced it.
 
-    tokens: tuple[int, ...]
+    It compares and hashes as the plain tuple of tokens; ``rounds`` holds every sampled round
+    (the last one possibly truncated in the stream).
+    """
+
     rounds: tuple[Round, ...]
+
+    def __new__(cls, tokens: tuple[int, ...], rounds: tuple[Round, ...] = ()) -> Generation:
+        stream = super().__new__(cls, tokens)
+        stream.rounds = tuple(rounds)
+        return stream
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        """The emitted token ids as a plain tuple."""
+        return tuple(self)
 
     @property
     def block_efficiency(self) -> float:
-        """Mean tokens emitted per complete round (``nan`` when no round completed)."""
+        """Mean tokens emitted per round (``nan`` when no round ran)."""
         emitted = [len(r.tokens) for r in self.rounds]
         return float(np.mean(emitted)) if emitted else float("nan")
 
@@ -63,10 +76,13 @@ def generate(
 ) -> Generation:
     """Repeat rounds until ``length`` tokens are emitted; the stream is truncated to ``length``.
 
+    Returns the tuple of emitted token ids (a :class:`Generation`, which also keeps the rounds).
+
     >>> import numpy as np, specsampling as ss
     >>> pair = ss.pairs.Random(vocab_size=5, seed=0)
-    >>> len(ss.generate("nss", pair, ss.Shape.top((2, 2)), 10, np.random.default_rng(1)).tokens)
-    10
+    >>> stream = ss.generate("nss", pair, ss.Shape.top((2, 2)), 10, np.random.default_rng(1))
+    >>> len(stream), isinstance(stream, tuple), 1 <= stream.block_efficiency <= 3
+    (10, True, True)
     """
     length = check_positive_int(length, "length")
     tokens: tuple[int, ...] = ()
