@@ -46,6 +46,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "compare":
         try:
             return _compare(args)
+        except BrokenPipeError:  # output piped into `head`
+            return 0
         except (ValueError, KeyError, OSError) as err:
             sys.stderr.write(f"specsampling compare: {err}\n")
             return 2
@@ -156,14 +158,16 @@ def _distributions(args: argparse.Namespace) -> tuple[Any, Any]:
                 )
             return data[0], data[1]
         content = json.loads(args.file.read_text())
+        if not isinstance(content, dict) or not {"target", "draft"} <= set(content):
+            raise ValueError('--file: expected a JSON object {"target": [...], "draft": [...]}')
         return content["target"], content["draft"]
     if not args.target or not args.draft:
         raise ValueError("give --target and --draft (comma-separated), or --file")
-    return _numbers(args.target, "--target"), _numbers(args.draft, "--draft")
+    exact = "/" in args.target + args.draft
+    return _numbers(args.target, "--target", exact), _numbers(args.draft, "--draft", exact)
 
 
-def _numbers(text: str, name: str) -> list[Any]:
-    exact = "/" in text
+def _numbers(text: str, name: str, exact: bool) -> list[Any]:
     try:
         return [Fraction(part) if exact else float(part) for part in text.split(",")]
     except ValueError:
@@ -179,7 +183,9 @@ def _random_pair(text: str) -> ModelPair:
 
 
 def _cell(value: float | None) -> str:
-    return "-" if value is None else f"{value:.6f}"
+    if value is None:
+        return "-"
+    return f"{0.0 if abs(value) < 5e-7 else value:.6f}"  # no "-0.000000"
 
 
 def _emit_single(result: Comparison, *, as_json: bool) -> None:

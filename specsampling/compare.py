@@ -86,7 +86,7 @@ def compare(target: Any, draft: Any, num_drafts: int, schemes: Any = None) -> Co
         law = "iid" if shape.is_chain else shape.law
         if not scheme.supports(shape):
             note = f"not defined for num_drafts={k}"
-            rows.append(Row(scheme.name, law, None, None, None, note))
+            rows.append(Row(scheme.name, "-", None, None, None, note))
             continue
         try:
             value = float(acceptance(scheme, target, draft, k))
@@ -143,10 +143,14 @@ def parse_shape(text: str) -> Shape:
         assert isinstance(call, ast.Call)
         args = [ast.literal_eval(a) for a in call.args]
         kwargs = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords if kw.arg}
-    except (SyntaxError, ValueError) as err:
-        raise ValueError(f"shape: arguments of {text!r} must be literals ({err})") from None
+    except (SyntaxError, ValueError):
+        raise ValueError(
+            f"shape: the arguments of {text!r} must be numbers, tuples or True/False"
+        ) from None
     try:
         shape: Shape = getattr(Shape, kind)(*args, **kwargs)
-    except TypeError as err:
-        raise ValueError(f"shape: {err}") from None
+    except TypeError:
+        raise ValueError(
+            f"shape: wrong arguments in {text!r}; see help(specsampling.Shape.{kind})"
+        ) from None
     return shape

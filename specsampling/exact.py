@@ -205,10 +205,13 @@ def _single_shape(scheme: Any, pair: Stationary, num_drafts: int) -> Shape:
     shape: Shape = scheme.single_shape(num_drafts)
     scheme.check(shape)
     size = int(np.count_nonzero(np.asarray(pair.draft(()) > 0)))
-    if size**num_drafts > MAX_ENUMERATION:
+    count = 1
+    for i, (_, mode) in enumerate(shape.steps):
+        count *= size if mode in ("iid", "hub") else max(1, size - i) if mode == "without" else 1
+    if count > MAX_ENUMERATION:
         raise ValueError(
             f"scheme {scheme.name!r} has no closed form here and exact enumeration of "
-            f"{size}**{num_drafts} draft tuples exceeds {MAX_ENUMERATION}"
+            f"{count} draft tuples exceeds {MAX_ENUMERATION}"
         )
     return shape
 

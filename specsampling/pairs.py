@@ -54,7 +54,7 @@ class Stationary:
         return self._draft
 
     def __repr__(self) -> str:
-        return f"Stationary(target={list(self._target)}, draft={list(self._draft)})"
+        return f"Stationary(target={_show(self._target)}, draft={_show(self._draft)})"
 
 
 class Table:
@@ -162,3 +162,8 @@ class Random:
             return np.array([w / mass for w in ints], dtype=object)
         out: Probs = weights / weights.sum()
         return out
+
+
+def _show(probs: Probs) -> str:
+    """Readable values: ``1/3`` for exact entries, ``0.7`` for floats."""
+    return "[" + ", ".join(str(x) if probs.dtype == object else f"{x:.6g}" for x in probs) + "]"

@@ -92,9 +92,9 @@ def hub_token(draft: Probs) -> int:
 
 
 def hub_plan(target: Probs, draft: Probs) -> Plan:
-    """The plan of steps 1-5 for ``(target, draft)``; needs ``q(a) < 1`` (two drafts exist)."""
+    """The plan of steps 1-5 for ``(target, draft)``; needs mass off the hub (two drafts exist)."""
     hub = hub_token(draft)
-    if not draft[hub] < 1:
+    if not _off_hub_mass(draft, hub) > 0:
         raise ValueError("hub_plan: the draft is one-hot, so there is no second draft to plan for")
     zero = 0 * draft
     others = np.arange(draft.shape[0]) != hub
@@ -264,11 +264,17 @@ def spechub_acceptance(target: Any, draft: Any) -> Any:
     if (target.dtype == object) != (draft.dtype == object):
         raise ValueError("target, draft: both exact (Fraction) or both float, not mixed")
     hub = hub_token(draft)
-    if not draft[hub] < 1:
+    if not _off_hub_mass(draft, hub) > 0:
         return target[hub]
     plan = hub_plan(target, draft)
     to_hub = target[hub] - plan.leftover[hub]  # min(A, p(a)) + min(B, p'(a))
     return total(plan.sent_first) + total(plan.sent_second) + to_hub
+
+
+def _off_hub_mass(draft: Probs, hub: int) -> Any:
+    """Draft mass off the hub, summed as ``Shape.hub`` normalises its second draw (not
+    ``1 - q(a)``, which rounds to 0 when ``q(a)`` rounds to 1 while other tokens keep mass)."""
+    return total(np.where(np.arange(draft.shape[0]) != hub, draft, 0 * draft))
 
 
 SCHEME = SpecHub()
