@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from common import best_of, model_pair, table
 
 import specsampling as ss
 from specsampling import calculators
@@ -106,27 +107,6 @@ def enumerated_acceptance(scheme: Any, target: np.ndarray, draft: np.ndarray, k:
 
 
 # ---------------------------------------------------------------- timing
-
-
-def best_of(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
-    """Best wall time over ``repeats`` calls (after one warm-up call) and the result."""
-    value = fn()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best, value
-
-
-def model_pair(vocab_size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """A peaked target and a correlated draft (softmax of noisy logits), like a real model pair."""
-    rng = np.random.default_rng(seed)
-    logits = 3.0 * rng.standard_normal(vocab_size)
-    target = np.exp(logits - logits.max())
-    draft_logits = logits + rng.standard_normal(vocab_size)
-    draft = np.exp(draft_logits - draft_logits.max())
-    return target / target.sum(), draft / draft.sum()
 
 
 def large(vocab_size: int, num_drafts: int, repeats: int, loop_repeats: int) -> list[list[str]]:
@@ -241,12 +221,6 @@ def tiny(repeats: int, enum_repeats: int) -> list[list[str]]:
                 ]
             )
     return rows
-
-
-def table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,32 +43,12 @@ from typing import Any
 
 import numpy as np
 import scipy
+from common import best_of, model_pair, table
 
 import specsampling as ss
 from specsampling import _race, calculators, optimal
 
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def best_of(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
-    """Best wall time over ``repeats`` calls (after one warm-up call) and the result."""
-    value = fn()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best, value
-
-
-def model_pair(vocab_size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """A peaked target and a correlated draft (softmax of noisy logits), as closed_forms.py."""
-    rng = np.random.default_rng(seed)
-    logits = 3.0 * rng.standard_normal(vocab_size)
-    target = np.exp(logits - logits.max())
-    draft_logits = logits + rng.standard_normal(vocab_size)
-    draft = np.exp(draft_logits - draft_logits.max())
-    return target / target.sum(), draft / draft.sum()
 
 
 class RaceCounter:
@@ -236,12 +216,6 @@ def race_accuracy(cases: int) -> tuple[float, int]:
             worst = max(worst, abs(float(value) - float(exact)))
             prefixes += 1
     return worst, prefixes
-
-
-def table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
