@@ -43,9 +43,18 @@ DOCUMENTED_SUPPORT = {
     "spectr": lambda shape: shape.is_chain or shape.law == "iid",
     "greedy": lambda shape: shape.is_chain or shape.law == "greedy",
     "spechub": lambda shape: shape.is_chain or shape.law == "hub",
+    "resispec": lambda shape: shape.is_chain or shape.law in ("iid", "without"),
 }
 #: Schemes whose accept test uses the draft probabilities (they cannot verify top-k drafts).
-DOCUMENTED_RATIO_BASED = ("standard", "specinfer", "rsd", "block", "traversal", "spectr")
+DOCUMENTED_RATIO_BASED = (
+    "standard",
+    "specinfer",
+    "rsd",
+    "block",
+    "traversal",
+    "spectr",
+    "resispec",
+)
 #: Shapes beyond the catalogue for the refusal checks (bigger, never enumerated there).
 LARGE_SHAPES = (
     ss.Shape.chain(6),

@@ -102,6 +102,7 @@ def test_draft_laws_and_refusals_at_two_drafts() -> None:
         "spectr": "iid",
         "greedy": "greedy",
         "spechub": "hub",
+        "resispec": "iid",
     }
     for name in ("standard", "block"):  # chain verifiers: one draft per position only
         row = rows[name]
@@ -142,6 +143,7 @@ def test_skewed_pair_numbers() -> None:
         "spectr": 0.4726,
         "greedy": 0.6333,
         "spechub": 0.6333,
+        "resispec": 0.4855,
     }
     assert round(result.optimum_iid, 4) == 0.49
     assert round(result.optimum_without, 4) == 0.6583
@@ -239,8 +241,14 @@ def test_tree_refusals_by_shape() -> None:
         return {r.scheme for r in compare_tree(pair, shape) if r.expected_emitted is not None}
 
     assert supported(ss.Shape.chain(2)) == set(ss.SCHEMES)
-    assert supported(ss.Shape.paths(2, 2)) == {"nss", "specinfer", "traversal", "spectr"}
-    assert supported(ss.Shape.branching((2, 2))) == {"nss", "rsd", "traversal"}
+    assert supported(ss.Shape.paths(2, 2)) == {
+        "nss",
+        "specinfer",
+        "traversal",
+        "spectr",
+        "resispec",
+    }
+    assert supported(ss.Shape.branching((2, 2))) == {"nss", "rsd", "traversal", "resispec"}
     assert supported(ss.Shape.top((2, 2))) == {"nss"}  # deterministic trees: NSS only
     assert supported(ss.Shape.greedy((2, 2))) == {"nss", "greedy"}
     assert supported(ss.Shape.hub(2)) == {"nss", "spechub"}

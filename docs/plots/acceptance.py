@@ -48,6 +48,7 @@ STYLES = {
     "rsd": ("RSD (RRS w/o)", {"marker": "^", "color": "tab:orange"}),
     "greedy": ("greedy", {"marker": "D", "color": "tab:red", "ms": 5}),
     "spechub": ("SpecHub (k = 2)", {"marker": "o", "color": "tab:purple", "mfc": "none", "ms": 11}),
+    "resispec": ("ResiSpec (optimised)", {"marker": "P", "color": "tab:brown", "ms": 6}),
 }
 SKIP = {"block"}  # identical to standard at one position; drawn as one marker
 

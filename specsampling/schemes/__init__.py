@@ -5,7 +5,18 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from . import block, greedy, nss, rsd, spechub, specinfer, spectr, standard, traversal
+from . import (
+    block,
+    greedy,
+    nss,
+    resispec,
+    rsd,
+    spechub,
+    specinfer,
+    spectr,
+    standard,
+    traversal,
+)
 from .base import NodeScheme, Scheme, TreeScheme, Verdict, VerdictLaw, tables
 
 
@@ -41,7 +52,7 @@ class Registry(Mapping[str, Scheme]):
 
 
 SCHEMES = Registry()
-for _module in (standard, nss, specinfer, rsd, block, traversal, spectr, greedy, spechub):
+for _module in (standard, nss, specinfer, rsd, block, traversal, spectr, greedy, spechub, resispec):
     SCHEMES.register(_module.SCHEME)
 
 
