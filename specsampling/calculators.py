@@ -15,7 +15,7 @@ from ._types import Prefix, Probs
 from .ops import positive_part, residual, total
 from .pairs import ModelPair, Stationary
 from .tree import DraftTree
-from .validation import check_distribution, check_positive_int
+from .validation import check_pair, check_positive_int
 
 
 def standard_acceptance(target: Any, draft: Any) -> Any:
@@ -24,7 +24,7 @@ def standard_acceptance(target: Any, draft: Any) -> Any:
     >>> round(float(standard_acceptance([1/2, 1/3, 1/6], [1/3, 1/3, 1/3])), 6)
     0.833333
     """
-    target, draft = _pair(target, draft)
+    target, draft = check_pair(target, draft)
     return total(np.minimum(target, draft))
 
 
@@ -35,7 +35,7 @@ def nss_acceptance(target: Any, draft: Any, num_drafts: int) -> Any:
     >>> nss_acceptance([F(1, 2), F(1, 3), F(1, 6)], [F(1, 3)] * 3, 2)
     Fraction(5, 9)
     """
-    target, draft = _pair(target, draft)
+    target, draft = check_pair(target, draft)
     k = check_positive_int(num_drafts, "num_drafts")
     return total(target * (1 - (1 - draft) ** k))
 
@@ -56,7 +56,7 @@ def specinfer_acceptance(target: Any, draft: Any, num_drafts: int) -> Any:
     >>> specinfer_acceptance([F(1, 2), F(1, 3), F(1, 6)], [F(1, 3)] * 3, 2)
     Fraction(8, 9)
     """
-    target, draft = _pair(target, draft)
+    target, draft = check_pair(target, draft)
     k = check_positive_int(num_drafts, "num_drafts")
     current = target
     rejected: Any = 1
@@ -120,14 +120,6 @@ def nss_expected_accepted(tree: DraftTree, target_probs: Probs) -> Any:
         reach[node] = reach[parent] * target_probs[parent][tree.tokens[node]]
         result = result + reach[node]
     return result
-
-
-def _pair(target: Any, draft: Any) -> tuple[Probs, Probs]:
-    target = check_distribution(target, "target")
-    draft = check_distribution(draft, "draft", target.shape[0])
-    if (target.dtype == object) != (draft.dtype == object):
-        raise ValueError("target, draft: both exact (Fraction) or both float, not mixed")
-    return target, draft
 
 
 def block_expected_accepted(pair: ModelPair, length: int, prefix: Prefix = ()) -> Any:

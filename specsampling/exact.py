@@ -24,7 +24,7 @@ from ._types import Law, Prefix, Probs
 from .pairs import ModelPair, Stationary
 from .schemes import get_scheme
 from .shapes import Shape
-from .validation import check_distribution, check_positive_int
+from .validation import check_positive_int
 
 #: Largest number of draftable trees the single-position helpers will enumerate.
 MAX_ENUMERATION = 200_000
@@ -163,7 +163,7 @@ def acceptance(scheme: Any, target: Any, draft: Any, num_drafts: int) -> Any:
     0.925926
     """
     resolved = get_scheme(scheme)
-    pair = _single_pair(target, draft)
+    pair = Stationary(target, draft)
     k = check_positive_int(num_drafts, "num_drafts")
     closed = resolved.closed_acceptance(pair.target(()), pair.draft(()), k)
     if closed is not None:
@@ -186,19 +186,13 @@ def output_law(scheme: Any, target: Any, draft: Any, num_drafts: int) -> Probs:
     array([0.25, 0.75])
     """
     resolved = get_scheme(scheme)
-    pair = _single_pair(target, draft)
+    pair = Stationary(target, draft)
     k = check_positive_int(num_drafts, "num_drafts")
     shape = _single_shape(resolved, pair, k)
     out: Probs = 0 * pair.target(()).copy()
     for emitted, prob in round_law(resolved, pair, shape).items():
         out[emitted[0]] = out[emitted[0]] + prob
     return out
-
-
-def _single_pair(target: Any, draft: Any) -> Stationary:
-    target = check_distribution(target, "target")
-    draft = check_distribution(draft, "draft", target.shape[0])
-    return Stationary(target, draft)
 
 
 def _single_shape(scheme: Any, pair: Stationary, num_drafts: int) -> Shape:

@@ -50,7 +50,7 @@ from . import _race
 from ._types import Probs
 from .pairs import Stationary
 from .shapes import Shape
-from .validation import check_distribution, check_positive_int, is_exact
+from .validation import check_pair, check_positive_int, is_exact
 
 #: Draft supports up to this size are minimised over every subset (exact, Fraction-capable).
 MAX_SUBSET_SUPPORT = 12
@@ -114,7 +114,7 @@ def optimal_acceptance(target: Any, draft: Any, num_drafts: int, replacement: bo
     >>> round(optimal_acceptance([0.6, 0.3, 0.1], [0.1, 0.3, 0.6], 2, replacement=False), 6)
     0.692857
     """
-    target, draft = _pair(target, draft)
+    target, draft = check_pair(target, draft)
     k = check_positive_int(num_drafts, "num_drafts")
     if not _check_flag(replacement, "replacement"):
         return _without_optimum(target, draft, k)
@@ -164,7 +164,7 @@ def lp_acceptance(
     >>> round(lp_acceptance([0.6, 0.3, 0.1], [0.1, 0.3, 0.6], 2), 9)
     0.59
     """
-    target, draft = _pair(target, draft)
+    target, draft = check_pair(target, draft)
     k = check_positive_int(num_drafts, "num_drafts")
     replacement = _check_flag(replacement, "replacement")
     p = np.asarray(target, dtype=np.float64)
@@ -360,14 +360,6 @@ def _tuple_probability(draft: Probs, drafts: tuple[int, ...], replacement: bool)
 
 def _float_or_exact(value: Any) -> Any:
     return value if isinstance(value, Fraction) else float(value)
-
-
-def _pair(target: Any, draft: Any) -> tuple[Probs, Probs]:
-    target = check_distribution(target, "target")
-    draft = check_distribution(draft, "draft", target.shape[0])
-    if is_exact(target) != is_exact(draft):
-        raise ValueError("target, draft: both exact (Fraction) or both float, not mixed")
-    return target, draft
 
 
 def _check_flag(value: Any, name: str) -> bool:

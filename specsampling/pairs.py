@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from ._types import Prefix, Probs
-from .validation import check_distribution, check_positive_int
+from .validation import check_distribution, check_pair, check_positive_int
 
 
 @runtime_checkable
@@ -38,10 +38,7 @@ class Stationary:
     """
 
     def __init__(self, target: Any, draft: Any) -> None:
-        self._target = check_distribution(target, "target")
-        self._draft = check_distribution(draft, "draft", self._target.shape[0])
-        if (self._target.dtype == object) != (self._draft.dtype == object):
-            raise ValueError("target, draft: both exact (Fraction) or both float, not mixed")
+        self._target, self._draft = check_pair(target, draft)
 
     @property
     def vocab_size(self) -> int:

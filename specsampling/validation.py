@@ -93,6 +93,19 @@ def check_distribution(probs: Any, name: str, vocab_size: int | None = None) -> 
     return out
 
 
+def check_pair(target: Any, draft: Any) -> tuple[Probs, Probs]:
+    """Validate a target and a draft distribution over one vocabulary, both float or both exact.
+
+    >>> check_pair([0.5, 0.5], [0.25, 0.75])[1]
+    array([0.25, 0.75])
+    """
+    target_probs = check_distribution(target, "target")
+    draft_probs = check_distribution(draft, "draft", target_probs.shape[0])
+    if is_exact(target_probs) != is_exact(draft_probs):
+        raise ValueError("target, draft: both exact (Fraction) or both float, not mixed")
+    return target_probs, draft_probs
+
+
 def check_token(token: Any, name: str, vocab_size: int) -> int:
     """Validate a token id in ``[0, vocab_size)``.
 

@@ -42,7 +42,7 @@ from ..noise import Noise
 from ..ops import accept_probability, accepts, categorical, normalise, positive_part, total
 from ..shapes import Shape
 from ..tree import DraftTree
-from ..validation import check_distribution, check_positive_int
+from ..validation import check_pair, check_positive_int
 from .base import NodeScheme, Step
 
 
@@ -167,10 +167,7 @@ def greedy_acceptance(target: Any, draft: Any, num_drafts: int) -> Any:
     >>> float(greedy_acceptance([0.0, 1.0], [1.0, 0.0], 2))  # T = {0} exhausts supp q
     0.0
     """
-    target = check_distribution(target, "target")
-    draft = check_distribution(draft, "draft", target.shape[0])
-    if (target.dtype == object) != (draft.dtype == object):
-        raise ValueError("target, draft: both exact (Fraction) or both float, not mixed")
+    target, draft = check_pair(target, draft)
     k = check_positive_int(num_drafts, "num_drafts")
     deterministic = top_tokens(draft, k - 1)
     hits = total(np.where(deterministic, target, 0 * target))

@@ -51,7 +51,7 @@ from ..ops import accept_probability, accepts, categorical, remove_token, total
 from ..pairs import ModelPair
 from ..shapes import Shape
 from ..tree import DraftTree
-from ..validation import check_distribution, check_positive_int
+from ..validation import check_pair, check_positive_int
 from .base import NodeScheme, Step, Verdict, VerdictLaw
 from .greedy import top_tokens
 from .spectr import optimal_rho
@@ -289,7 +289,7 @@ def optimise(
     >>> choice.acceptance
     Fraction(679, 720)
     """
-    target, draft = _pair(target, draft)
+    target, draft = check_pair(target, draft)
     k = check_positive_int(num_drafts, "num_drafts")
     steps = check_positive_int(steps, "steps")
     max_thresholds = check_positive_int(max_thresholds, "max_thresholds")
@@ -314,7 +314,7 @@ def resispec_acceptance(target: Any, draft: Any, num_drafts: int, policy: Any = 
     >>> resispec_acceptance(target, draft, 2, Greedy()), resispec_acceptance(target, draft, 2)
     (Fraction(8, 9), Fraction(679, 720))
     """
-    target, draft = _pair(target, draft)
+    target, draft = check_pair(target, draft)
     k = check_positive_int(num_drafts, "num_drafts")
     rule = (Optimised() if policy is None else policy).at_node(target, draft, k)
     if not rule.oblivious:
@@ -598,14 +598,6 @@ def _read_only(probs: Probs) -> Probs:
     view = probs.view()
     view.flags.writeable = False
     return view
-
-
-def _pair(target: Any, draft: Any) -> tuple[Probs, Probs]:
-    target = check_distribution(target, "target")
-    draft = check_distribution(draft, "draft", target.shape[0])
-    if (target.dtype == object) != (draft.dtype == object):
-        raise ValueError("target, draft: both exact (Fraction) or both float, not mixed")
-    return target, draft
 
 
 SCHEME = ResiSpec()

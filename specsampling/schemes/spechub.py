@@ -56,7 +56,7 @@ from ..noise import Noise
 from ..ops import accept_probability, accepts, categorical, normalise, residual, total
 from ..shapes import Shape
 from ..tree import DraftTree
-from ..validation import check_distribution, check_positive_int
+from ..validation import check_pair, check_positive_int
 from .base import NodeScheme, Step
 
 
@@ -259,10 +259,7 @@ def spechub_acceptance(target: Any, draft: Any) -> Any:
     >>> round(float(spechub_acceptance([0.7, 0.2, 0.1], [0.1, 0.2, 0.7])), 6)
     0.633333
     """
-    target = check_distribution(target, "target")
-    draft = check_distribution(draft, "draft", target.shape[0])
-    if (target.dtype == object) != (draft.dtype == object):
-        raise ValueError("target, draft: both exact (Fraction) or both float, not mixed")
+    target, draft = check_pair(target, draft)
     hub = hub_token(draft)
     if not _off_hub_mass(draft, hub) > 0:
         return target[hub]

@@ -54,7 +54,7 @@ from ..noise import LARGEST_BELOW_ONE, Noise
 from ..ops import accept_probability, accepts, categorical, normalise, positive_part, total
 from ..shapes import Shape
 from ..tree import DraftTree
-from ..validation import check_distribution, check_positive_int
+from ..validation import check_pair, check_positive_int
 from .base import NodeScheme, Step
 
 #: Width of the final bisection bracket: :math:`\rho^*` is returned within this of the root,
@@ -87,7 +87,7 @@ def optimal_rho(target: Any, draft: Any, num_drafts: int) -> Any:
     >>> optimal_rho([0.7, 0.2, 0.1], [0.7, 0.2, 0.1], 2), optimal_rho([1.0, 0.0], [0.0, 1.0], 2)
     (1.0, 1.0)
     """
-    target, draft = _pair(target, draft)
+    target, draft = check_pair(target, draft)
     return _optimal_rho(target, draft, check_positive_int(num_drafts, "num_drafts"))
 
 
@@ -115,7 +115,7 @@ def spectr_acceptance(target: Any, draft: Any, num_drafts: int) -> Any:
     >>> float(spectr_acceptance([1.0, 0.0], [0.0, 1.0], 3))
     0.0
     """
-    target, draft = _pair(target, draft)
+    target, draft = check_pair(target, draft)
     k = check_positive_int(num_drafts, "num_drafts")
     rho = _optimal_rho(target, draft, k)
     rejected = _rejection(target, draft, rho)
@@ -252,14 +252,6 @@ def _residual(target: Probs, draft: Probs, rho: Scalar, num_drafts: int) -> Prob
     if not total(weights) > 0:
         return target
     return normalise(weights)
-
-
-def _pair(target: Any, draft: Any) -> tuple[Probs, Probs]:
-    target = check_distribution(target, "target")
-    draft = check_distribution(draft, "draft", target.shape[0])
-    if (target.dtype == object) != (draft.dtype == object):
-        raise ValueError("target, draft: both exact (Fraction) or both float, not mixed")
-    return target, draft
 
 
 SCHEME = SpecTr()
