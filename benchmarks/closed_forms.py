@@ -24,7 +24,6 @@ import argparse
 import datetime
 import os
 import platform
-import sys
 import time
 from collections.abc import Callable
 from functools import partial
@@ -32,10 +31,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import best_of, model_pair, table
+from common import best_of, model_pair, report, table
 
 import specsampling as ss
 from specsampling import calculators
+from specsampling.exact import enumerated_acceptance
 from specsampling.pairs import Stationary
 from specsampling.schemes.greedy import greedy_acceptance
 from specsampling.schemes.spechub import spechub_acceptance
@@ -91,19 +91,6 @@ def specinfer_loop(target: np.ndarray, draft: np.ndarray, num_drafts: int) -> fl
     for i in range(size):
         total += current[i] * (1 - missing[i])
     return 1 - rejected + rejected * total
-
-
-def enumerated_acceptance(scheme: Any, target: np.ndarray, draft: np.ndarray, k: int) -> Any:
-    """P(output is a drafted candidate), summing every drafted star's exact verdict law."""
-    pair = ss.pairs.Stationary(target, draft)
-    result: Any = 0.0
-    for tree, weight, verdicts in scheme.outcomes(pair, scheme.single_shape(k), ()):
-        drafted = {tree.tokens[child] for child in tree.children(0)}
-        for verdict, prob in verdicts.items():
-            path = tree.prefix(verdict.node)
-            if (path[0] if path else verdict.token) in drafted:
-                result += weight * prob
-    return result
 
 
 # ---------------------------------------------------------------- timing
@@ -202,7 +189,13 @@ def tiny(repeats: int, enum_repeats: int) -> list[list[str]]:
             extra = () if k == 1 else (k,)
             closed_s, closed_value = best_of(partial(formula, target, draft, *extra), repeats)
             enum_s, enum_value = best_of(
-                partial(enumerated_acceptance, scheme, target, draft, k), enum_repeats
+                partial(
+                    enumerated_acceptance,
+                    scheme,
+                    Stationary(target, draft),
+                    scheme.single_shape(k),
+                ),
+                enum_repeats,
             )
             if not abs(float(closed_value) - float(enum_value)) <= 1e-12:
                 raise AssertionError(f"{scheme_name}: closed {closed_value} != enum {enum_value}")
@@ -309,12 +302,7 @@ def main(argv: list[str] | None = None) -> int:
             "",
         ]
     )
-    print(text)
-    if not args.no_write:
-        output = args.output or RESULTS / f"closed_forms-{today}.md"
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(text)
-        print(f"wrote {output}", file=sys.stderr)
+    report(text, args.output, RESULTS / f"closed_forms-{today}.md", write=not args.no_write)
     return 0
 
 

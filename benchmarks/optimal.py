@@ -33,7 +33,6 @@ import datetime
 import itertools
 import os
 import platform
-import sys
 import time
 from collections.abc import Callable
 from fractions import Fraction
@@ -43,7 +42,7 @@ from typing import Any
 
 import numpy as np
 import scipy
-from common import best_of, model_pair, table
+from common import best_of, model_pair, report, table
 
 import specsampling as ss
 from specsampling import _race, calculators, optimal
@@ -312,12 +311,7 @@ def main(argv: list[str] | None = None) -> int:
             "",
         ]
     )
-    print(text)
-    if not args.no_write:
-        output = args.output or RESULTS / f"optimal-{today}.md"
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(text)
-        print(f"wrote {output}", file=sys.stderr)
+    report(text, args.output, RESULTS / f"optimal-{today}.md", write=not args.no_write)
     return 0
 
 

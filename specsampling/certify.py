@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from .errors import UnsupportedShape
-from .exact import expected_emitted, lossless_error, round_law
+from .exact import enumerated_acceptance, expected_emitted, lossless_error, round_law
 from .pairs import ModelPair, Random, Stationary
 from .sampling import speculate
 from .schemes import SCHEMES, Scheme, get_scheme
@@ -355,7 +355,7 @@ def _check_closed_form(
         closed = scheme.closed_acceptance(pair.target(()), pair.draft(()), k)
         if closed is None:
             return False, None
-        enumerated = _enumerated_acceptance(scheme, pair, k)
+        enumerated = enumerated_acceptance(scheme, pair, scheme.single_shape(k))
     except Exception as err:
         return True, Violation(where, label, "exception", _describe(err))
     if pair.target(()).dtype == object:
@@ -366,19 +366,6 @@ def _check_closed_form(
         detail = f"{float(closed)!r} != enumeration {float(enumerated)!r}"
         return True, Violation(where, label, "closed form", detail)
     return True, None
-
-
-def _enumerated_acceptance(scheme: Scheme, pair: ModelPair, k: int) -> Any:
-    """P(the emitted token is one of the drafted candidates), by enumerating every tree."""
-    result: Any = 0
-    for tree, weight, verdicts in scheme.outcomes(pair, scheme.single_shape(k), ()):
-        drafted = {tree.tokens[child] for child in tree.children(0)}
-        for verdict, prob in verdicts.items():
-            path = tree.prefix(verdict.node)
-            first = path[0] if path else verdict.token
-            if first in drafted:
-                result = result + weight * prob
-    return result
 
 
 def _describe(err: Exception) -> str:

@@ -168,9 +168,24 @@ def acceptance(scheme: Any, target: Any, draft: Any, num_drafts: int) -> Any:
     closed = resolved.closed_acceptance(pair.target(()), pair.draft(()), k)
     if closed is not None:
         return closed
-    shape = _single_shape(resolved, pair, k)
-    total: Any = 0 * pair.target(())[0]
-    for tree, weight, verdicts in resolved.outcomes(pair, shape, ()):
+    return enumerated_acceptance(resolved, pair, _single_shape(resolved, pair, k))
+
+
+def enumerated_acceptance(scheme: Any, pair: ModelPair, shape: Shape, prefix: Prefix = ()) -> Any:
+    r""":math:`P(Y \in \text{root candidates})` by enumerating every drafted tree of ``shape``.
+
+    ``Y`` is the first emitted token; a correction token equal to a drafted candidate counts.
+    This is what the closed forms are checked against; it costs one verdict law per tree.
+
+    >>> import specsampling as ss
+    >>> from fractions import Fraction as F
+    >>> pair = ss.pairs.Stationary([F(1, 2), F(1, 3), F(1, 6)], [F(1, 3)] * 3)
+    >>> enumerated_acceptance("specinfer", pair, ss.Shape.star(2))
+    Fraction(8, 9)
+    """
+    resolved = get_scheme(scheme)
+    total: Any = 0 * pair.target(tuple(prefix))[0]
+    for tree, weight, verdicts in resolved.outcomes(pair, shape, tuple(prefix)):
         drafted = {tree.tokens[child] for child in tree.children(0)}
         total = total + weight * sum(
             (prob for verdict, prob in verdicts.items() if _first(tree, verdict) in drafted), 0
