@@ -10,6 +10,7 @@ import numpy as np
 from scipy import stats
 
 import specsampling as ss
+from specsampling.keyed import LARGEST_UNIFORM, KeyedNoise
 from specsampling.noise import LARGEST_BELOW_ONE
 from specsampling.pairs import ModelPair
 from specsampling.schemes import tables
@@ -71,6 +72,42 @@ def boundary_violations(
                         f"{where}: accepted token {tree.tokens[child]} has target probability 0"
                     )
                 child = parent
+    return problems
+
+
+class ConstantKeyedNoise(KeyedNoise):
+    """Keyed noise whose every exponential is ``value``: the boundary of the keyed field."""
+
+    def __init__(self, value: float) -> None:
+        super().__init__(0)
+        object.__setattr__(self, "value", value)
+
+    def exponentials(self, sequence: Any, rows: int, vocab_size: int) -> Any:
+        return np.full((rows, vocab_size), self.value)
+
+
+#: The keyed field's extreme exponentials: ``U = 0`` and the largest ``U`` (``53 ln 2``).
+BOUNDARY_EXPONENTIALS = (0.0, float(-np.log1p(-LARGEST_UNIFORM)))
+
+
+def keyed_boundary_violations(scheme: Any, pair: ModelPair, shape: ss.Shape) -> list[str]:
+    """Keyed couplings at the field's extremes: every drafted token has draft mass, every
+    accepted or emitted token target mass, and ids stay in range (peer bugs B5, B19, B4)."""
+    problems: list[str] = []
+    for value in BOUNDARY_EXPONENTIALS:
+        tree, (node, token) = scheme.sample_keyed(pair, shape, ConstantKeyedNoise(value))
+        where = f"E = {value}: tree {tree.tokens}"
+        for child in range(1, tree.num_nodes):
+            path = tree.prefix(tree.parents[child])
+            if not pair.draft(path)[tree.tokens[child]] > 0:
+                problems.append(f"{where}: drafted token {tree.tokens[child]} has draft mass 0")
+        if not 0 <= token < pair.vocab_size:
+            problems.append(f"{where}: emitted id {token} outside [0, {pair.vocab_size})")
+            continue
+        emitted = (*tree.prefix(node), token)
+        for i, t in enumerate(emitted):
+            if not pair.target(emitted[:i])[t] > 0:
+                problems.append(f"{where}: emitted token {t} has target probability 0")
     return problems
 
 

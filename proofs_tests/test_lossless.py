@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import specsampling as ss
-from proofs_tests.oracles import boundary_violations, max_deviation
+from proofs_tests.oracles import boundary_violations, keyed_boundary_violations, max_deviation
 from proofs_tests.strategies import (
     SHAPES,
     cases,
@@ -30,6 +30,8 @@ from specsampling.tree import DraftTree
 
 NAMES = sorted(ss.SCHEMES)
 RATIONAL = [name for name in NAMES if ss.SCHEMES[name].rational]
+#: Keyed couplings draft and verify from one keyed field; they have no per-node ``verify``.
+KEYED = [name for name in NAMES if isinstance(ss.SCHEMES[name], ss.schemes.KeyedScheme)]
 FLOAT_TOLERANCE = 1e-12
 
 #: The refusal sets the docs state (docs/schemes/*.md and the scheme docstrings).
@@ -44,6 +46,14 @@ DOCUMENTED_SUPPORT = {
     "greedy": lambda shape: shape.is_chain or shape.law == "greedy",
     "spechub": lambda shape: shape.is_chain or shape.law == "hub",
     "resispec": lambda shape: shape.is_chain or shape.law in ("iid", "without"),
+    "gumbel": lambda shape: shape.is_chain,
+    "poisson": lambda shape: (
+        shape.is_chain or (shape.kind in ("star", "branching") and shape.law == "without")
+    ),
+    "gls": lambda shape: shape.is_chain or (shape.kind in ("star", "paths") and shape.law == "iid"),
+    "gls_strong": lambda shape: (
+        shape.is_chain or (shape.kind in ("star", "paths") and shape.law == "iid")
+    ),
 }
 #: Schemes whose accept test uses the draft probabilities (they cannot verify top-k drafts).
 DOCUMENTED_RATIO_BASED = (
@@ -142,11 +152,15 @@ def test_stream_law_over_two_rounds_is_the_target_joint(name: str, data: st.Data
 def test_boundary_noise_never_accepts_or_emits_impossible_tokens(
     name: str, data: st.DataObject
 ) -> None:
-    """u = 0 and u = largest float below 1 (peer bugs B5, B19, B4)."""
+    """u = 0 and u = largest float below 1 (peer bugs B5, B19, B4); keyed couplings: the
+    keyed field's extreme exponentials ``0`` and ``53 ln 2``."""
     scheme = ss.SCHEMES[name]
     exact = scheme.rational and data.draw(st.booleans(), label="exact")
     shape, pair = data.draw(cases(scheme, exact=exact, max_trees=400), label="shape, pair")
-    assert boundary_violations(scheme, pair, shape) == []
+    if name in KEYED:
+        assert keyed_boundary_violations(scheme, pair, shape) == []
+    else:
+        assert boundary_violations(scheme, pair, shape) == []
 
 
 # --------------------------------------------------------------------------- refusals
@@ -213,4 +227,7 @@ def test_draft_ratio_schemes_refuse_deterministic_top_drafts(name: str) -> None:
     tops = [shape for shape in (*SHAPES, *LARGE_SHAPES) if shape.law == "deterministic"]
     assert tops
     supported = [shape for shape in tops if scheme.supports(shape)]
+    if name in KEYED:  # drafts are race winners from q: a top-k tree is never one
+        assert not supported, f"{name} claims {supported[:3]}"
+        return
     assert not (_depends_on_draft(scheme) and supported), f"{name} claims {supported[:3]}"

@@ -5,7 +5,7 @@ Notation: p = target, q = draft (Leviathan et al.). See ``docs/notation.md``.
 
 from __future__ import annotations
 
-from . import calculators, exact, ops, pairs
+from . import calculators, couplings, exact, gls, keyed, ops, pairs, schemes, watermark
 from .errors import InvalidDistribution, UnsupportedShape
 from .exact import (
     acceptance,
@@ -39,10 +39,13 @@ __all__ = [
     "__version__",
     "acceptance",
     "calculators",
+    "couplings",
     "exact",
     "expected_emitted",
     "generate",
     "get_scheme",
+    "gls",
+    "keyed",
     "lossless_error",
     "lp_acceptance",
     "ops",
@@ -51,6 +54,8 @@ __all__ = [
     "pairs",
     "process",
     "round_law",
+    "schemes",
     "speculate",
     "stream_law",
+    "watermark",
 ]

@@ -11,7 +11,12 @@ exactly with ``Fraction`` pairs, plus the block efficiency :math:`E[\tau + 1]`. 
 
 every shape it refuses raises :class:`~specsampling.UnsupportedShape` (from the exact engine and
 from the sampler), no case raises, :math:`1 \le E[\tau + 1] \le \text{depth} + 1`, and its
-single-position closed form (if any) equals exact enumeration.
+single-position closed form (if any) equals exact enumeration. Keyed couplings (``gumbel``,
+``poisson``, ``gls``, ``gls_strong``) must in addition pass their structural checks
+(:mod:`specsampling.invariance`): with a fixed key the strong ones emit seeded target-only
+decoding for a perfect, the pair's own and an unrelated drafter, with position-keyed and
+context-keyed noise; active-set ``gls`` gives identical verdicts for identical draft tokens
+under perturbed draft probabilities.
 
 Vocabulary sizes are chosen per shape so that the enumeration stays small
 (:data:`TREE_BUDGET`); the whole run takes seconds.
@@ -29,6 +34,7 @@ import numpy as np
 
 from .errors import UnsupportedShape
 from .exact import enumerated_acceptance, expected_emitted, lossless_error, round_law
+from .invariance import conditional_violations, strong_violations
 from .pairs import ModelPair, Random, Stationary
 from .sampling import speculate
 from .schemes import SCHEMES, Scheme, get_scheme
@@ -43,6 +49,8 @@ FLOAT_SEEDS = (0, 1, 2)
 EXACT_SEEDS = (0, 1)
 #: Numbers of candidates for the single-position closed-form check.
 CLOSED_FORM_DRAFTS = (1, 2, 3)
+#: Seeds of the vocabulary-5 pairs of the keyed couplings' drafter-invariance checks.
+STRUCTURAL_SEEDS = (0, 1)
 
 #: ``progress(done, total, label)``, called after every unit of work.
 Progress = Callable[[int, int, str], None]
@@ -151,6 +159,9 @@ class SchemeReport:
     emitted_max: float | None
     closed_form_checks: int
     violations: tuple[Violation, ...] = field(default=())
+    #: Keyed couplings: drafter-invariance runs (strong or conditional), see
+    #: :mod:`specsampling.invariance`; 0 for the other schemes.
+    structural_checks: int = 0
 
     @property
     def certified(self) -> bool:
@@ -238,10 +249,11 @@ class _Plan:
     refused: tuple[Shape, ...]
     cases: tuple[tuple[Shape, str, ModelPair, bool], ...]
     closed: tuple[tuple[int, str, ModelPair], ...]
+    structural: tuple[tuple[Shape, str, ModelPair, int | None], ...] = ()
 
     @property
     def size(self) -> int:
-        return len(self.cases) + len(self.refused) + len(self.closed)
+        return len(self.cases) + len(self.refused) + len(self.closed) + len(self.structural)
 
 
 def _plan(scheme: Scheme) -> _Plan:
@@ -266,7 +278,15 @@ def _plan(scheme: Scheme) -> _Plan:
         for exact in exacts
         for label, pair in model_pairs(scheme.single_shape(k), exact)
     )
-    return _Plan(supported, refused, cases, closed)
+    structural: tuple[tuple[Shape, str, ModelPair, int | None], ...] = ()
+    if getattr(scheme, "keyed", False):
+        structural = tuple(
+            (shape, repr(pair), pair, window)
+            for shape in supported
+            for pair in (Random(5, seed) for seed in STRUCTURAL_SEEDS)
+            for window in (None, 2)
+        )
+    return _Plan(supported, refused, cases, closed, structural)
 
 
 def _run(scheme: Scheme, plan: _Plan, tick: Callable[[str], None]) -> SchemeReport:
@@ -305,6 +325,16 @@ def _run(scheme: Scheme, plan: _Plan, tick: Callable[[str], None]) -> SchemeRepo
         if violation is not None:
             violations.append(violation)
         tick(f"{scheme.name} closed form k={k}")
+    structural = 0
+    for shape, label, pair, window in plan.structural:
+        try:
+            found = _check_invariance(scheme, pair, shape, window)
+        except Exception as err:
+            violations.append(Violation(repr(shape), label, "exception", _describe(err)))
+        else:
+            structural += 1
+            violations.extend(Violation(repr(shape), label, "invariance", d) for d in found)
+        tick(f"{scheme.name} invariance {shape!r}")
     max_exact = max(exact_errors, key=abs, default=None)
     return SchemeReport(
         name=scheme.name,
@@ -321,7 +351,21 @@ def _run(scheme: Scheme, plan: _Plan, tick: Callable[[str], None]) -> SchemeRepo
         emitted_max=max(emitted, default=None),
         closed_form_checks=checked,
         violations=tuple(violations),
+        structural_checks=structural,
     )
+
+
+def _check_invariance(
+    scheme: Scheme, pair: ModelPair, shape: Shape, window: int | None
+) -> list[str]:
+    """Strong couplings must emit seeded target-only decoding for every drafter; conditional
+    ones (active-set GLS) identical verdicts for identical draft tokens."""
+    if getattr(scheme, "invariance", "") == "strong":
+        return strong_violations(scheme, pair, shape, window=window)
+    problems, compared = conditional_violations(scheme, pair, shape, window=window)
+    if compared == 0:
+        problems.append("vacuous: no key drafted the same tree under the perturbed drafter")
+    return problems
 
 
 def _check_refusal(scheme: Scheme, shape: Shape) -> list[Violation]:

@@ -283,6 +283,8 @@ def _row(scheme: SchemeReport) -> tuple[str, ...]:
     else:
         emitted = f"{scheme.emitted_min:.3f} .. {scheme.emitted_max:.3f}"
     closed = f"{scheme.closed_form_checks} ok" if scheme.closed_form_checks else "-"
+    if scheme.structural_checks:
+        closed += f", {scheme.structural_checks} invariance"
     verdict = "certified" if scheme.certified else f"VIOLATION ({len(scheme.violations)})"
     return (
         scheme.name,

@@ -26,16 +26,14 @@ iff its extra ``Exp(1)`` is below ``s r_i``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from . import keyed
 from ._types import Prefix
 from .errors import InvalidDistribution
-from .pairs import ModelPair
+from .keyed import KeyedNoise
 from .validation import check_distribution, check_positive_int
 
 Floats = npt.NDArray[np.float64]
@@ -108,55 +106,80 @@ def poisson_list(draft_probs: Any, exps: Any, list_size: int) -> tuple[int, ...]
     return tuple(int(t) for t in order)
 
 
-def gumbel_acceptance(target_probs: Any, draft_probs: Any) -> float:
-    """Exact ``P(X = Y)`` of the single-draft Gumbel coupling.
+def gumbel_hits(target_probs: Any, draft_probs: Any) -> Any:
+    r"""``c_j = P(X = Y = j)`` of the single-draft Gumbel coupling, per token.
 
-    .. math:: \\sum_{j:\\, p_j q_j > 0} 1 \\Big/ \\sum_i \\max(p_i / p_j,\\ q_i / q_j)
+    .. math:: c_j = p_j \Big/ \sum_i \max(p_i,\ q_i p_j / q_j)
 
-    Blocked over ``j`` so memory stays ``O(V)`` per block.
+    and ``c_j = 0`` where ``p_j q_j = 0``.
 
-    >>> round(gumbel_acceptance([0.5, 0.5], [0.5, 0.5]), 12)
-    1.0
+    Rational: ``Fraction`` inputs give exact values (the exact engine's Gumbel round law). Float
+    inputs are blocked over ``j`` so memory stays ``O(V)`` per block.
+
+    >>> from fractions import Fraction as F
+    >>> gumbel_hits([F(1, 2), F(1, 2)], [F(1, 4), F(3, 4)]).tolist()
+    [Fraction(1, 4), Fraction(1, 2)]
     """
-    p = _floats(target_probs, "target")
-    q = _floats(draft_probs, "draft", p.shape[0])
+    p = check_distribution(target_probs, "target")
+    q = check_distribution(draft_probs, "draft", p.shape[0])
+    if p.dtype == object:
+        hits = np.array([0 * p[0]] * p.shape[0], dtype=object)
+        for token in range(p.shape[0]):
+            if p[token] > 0 and q[token] > 0:
+                scale = p[token] / q[token]
+                spread = sum(max(pi, qi * scale) for pi, qi in zip(p, q, strict=True))
+                hits[token] = p[token] / spread
+        return hits
+    out: Floats = np.zeros(p.shape[0])
     both = np.flatnonzero((p > 0) & (q > 0))
-    total = 0.0
     block = max(1, 2**22 // p.shape[0])
     for start in range(0, both.shape[0], block):
         j = both[start : start + block]
         # p_j * sum_i max(p_i / p_j, q_i / q_j) = sum_i max(p_i, q_i * (p_j / q_j)): no overflow.
         denom = np.maximum(p[None, :], q[None, :] * (p[j] / q[j])[:, None]).sum(axis=1)
-        total += float(np.sum(p[j] / denom))
-    return total
+        out[j] = np.minimum(p[j] / denom, p[j])
+    return out
 
 
-def poisson_acceptance(
+def gumbel_acceptance(target_probs: Any, draft_probs: Any) -> Any:
+    r"""Exact ``P(X = Y)`` of the single-draft Gumbel coupling: the sum of :func:`gumbel_hits`.
+
+    .. math:: \sum_{j:\, p_j q_j > 0} 1 \Big/ \sum_i \max(p_i / p_j,\ q_i / q_j)
+
+    >>> round(gumbel_acceptance([0.5, 0.5], [0.5, 0.5]), 12)
+    1.0
+    """
+    hits = gumbel_hits(target_probs, draft_probs)
+    return hits.sum() if hits.dtype == object else float(hits.sum())
+
+
+def poisson_hits(
     target_probs: Any, draft_probs: Any, list_size: int, *, step: float = 0.05
-) -> float:
-    """Exact ``P(Y in list)`` of the Poisson list coupling, by the integral of the module doc.
+) -> Floats:
+    """``P(Y = j, j in the drafter's list)`` of the Poisson list coupling, per token.
 
-    The integral is taken in ``y = log x`` by the trapezoid rule with spacing ``step``; the
-    integrand is analytic and decays doubly exponentially at both ends, so the rule converges
-    geometrically (``step = 0.05`` is accurate to rounding). The grid for token ``j`` starts
-    far below ``1 / (1 + sum_i r_i)``, the smallest scale on which the integrand moves, so tiny
-    probabilities lose no mass. Poisson-binomial tails use a truncated recursion on
-    ``1 - pi = exp(-x r)`` and ``pi = -expm1(-x r)``, with no cancellation.
+    The integral of the module docstring, per token ``j``, taken in ``y = log x`` by the
+    trapezoid rule with spacing ``step``; the integrand is analytic and decays doubly
+    exponentially at both ends, so the rule converges geometrically (``step = 0.05`` is
+    accurate to rounding). The grid for token ``j`` starts far below ``1 / (1 + sum_i r_i)``,
+    the smallest scale on which the integrand moves, so tiny probabilities lose no mass.
+    Poisson-binomial tails use a truncated recursion on ``1 - pi = exp(-x r)`` and
+    ``pi = -expm1(-x r)``, with no cancellation. Each value is clipped to ``[0, p_j]``.
 
     >>> p, q = [0.5, 0.3, 0.2], [0.2, 0.3, 0.5]
-    >>> abs(poisson_acceptance(p, q, 1) - gumbel_acceptance(p, q)) < 1e-12
+    >>> bool(np.allclose(poisson_hits(p, q, 1), gumbel_hits(p, q), rtol=0, atol=1e-13))
     True
     """
     p = _floats(target_probs, "target")
     q = _floats(draft_probs, "draft", p.shape[0])
     size = check_positive_int(list_size, "list_size")
-    total = 0.0
+    out: Floats = np.zeros(p.shape[0])
     for j in np.flatnonzero((p > 0) & (q > 0)):
         rates = np.maximum(q * (p[j] / q[j]) - p, 0.0)
         rates[j] = 0.0
         rates = rates[rates > 0]
         if rates.shape[0] < size:
-            total += float(p[j])
+            out[j] = p[j]
             continue
         low = -np.log1p(float(rates.sum())) - 40.0
         y = np.arange(low, np.log(40.0) + step, step)
@@ -169,8 +192,21 @@ def poisson_acceptance(
             tail[1:] = tail[1:] * stay + tail[:-1] * move
             tail[0] = tail[0] * stay
         integrand = x * np.exp(-x) * tail.sum(axis=0)
-        total += float(p[j]) * float(step * (integrand.sum() - 0.5 * integrand[[0, -1]].sum()))
-    return min(total, 1.0)
+        integral = float(step * (integrand.sum() - 0.5 * integrand[[0, -1]].sum()))
+        out[j] = p[j] * min(max(integral, 0.0), 1.0)
+    return out
+
+
+def poisson_acceptance(
+    target_probs: Any, draft_probs: Any, list_size: int, *, step: float = 0.05
+) -> float:
+    """Exact ``P(Y in list)`` of the Poisson list coupling: the sum of :func:`poisson_hits`.
+
+    >>> p, q = [0.5, 0.3, 0.2], [0.2, 0.3, 0.5]
+    >>> abs(poisson_acceptance(p, q, 1) - gumbel_acceptance(p, q)) < 1e-12
+    True
+    """
+    return min(float(poisson_hits(target_probs, draft_probs, list_size, step=step).sum()), 1.0)
 
 
 def poisson_acceptance_bound(target_probs: Any, draft_probs: Any, list_size: int) -> float:
@@ -188,101 +224,71 @@ def poisson_acceptance_bound(target_probs: Any, draft_probs: Any, list_size: int
     return float(np.sum(p[keep] * size * q[keep] / (size * q[keep] + p[keep])))
 
 
-@dataclass(frozen=True)
-class Coupled:
-    """A coupled decode: ``tokens`` emitted, ``hits[i]`` whether ``tokens[i]`` was in the
-    drafter's list at that prefix, ``rounds`` the target passes with ``draft_length`` drafts."""
+def keyed_select(target_probs: Any, exps: Any) -> int:
+    """The target's keyed selection over rows: ``argmin_i min_k E[k, i] / p_i``.
 
-    tokens: tuple[int, ...]
-    hits: tuple[bool, ...]
-    rounds: int
+    With one row this is :func:`gumbel_target`; with ``K`` rows ``min_k E[k, i]`` is
+    ``Exp(K)``, so the selection is still an exact draw from ``p`` (GLS). Ties: lowest index.
 
-
-def noise_context(sequence: Prefix, window: int | None, seen: set[int]) -> int:
-    """The context word for the next position of ``sequence``, updating ``seen``.
-
-    ``window=None``: the absolute position. Otherwise the hash of the previous ``window`` tokens
-    (watermark); a context already in ``seen`` falls back to the absolute position, so repeated
-    contexts are not watermarked and every position still gets fresh noise (§C.5).
+    >>> keyed_select([0.5, 0.5], [[0.3, 0.2], [0.1, 0.9]])
+    0
     """
-    if window is None:
-        return int(keyed.position_context(len(sequence)))
-    context = keyed.context_hash(sequence, window)
-    if context in seen:
-        return int(keyed.position_context(len(sequence)))
-    seen.add(context)
-    return context
+    probs = _floats(target_probs, "target")
+    scores = _scores(probs, exps)
+    return int(np.argmin(scores.reshape(-1, probs.shape[0]).min(axis=0)))
 
 
-def couple(
-    pair: ModelPair,
-    length: int,
-    key: int,
-    list_size: int = 1,
-    prefix: Prefix = (),
-    *,
-    window: int | None = None,
-    draft_length: int = 4,
-) -> Coupled:
-    """Decode ``length`` tokens with the Poisson list coupling (Gumbel at ``list_size=1``).
+def decode(
+    pair: Any, length: int, noise: KeyedNoise | int, *, rows: int = 1, prefix: Prefix = ()
+) -> tuple[int, ...]:
+    """Seeded target-only decoding: each token is the target's keyed selection.
 
-    Each position emits the target's keyed selection, so ``tokens`` depends on (key, target,
-    prefix, window) only and never on the drafter, ``list_size`` or ``draft_length``: noise is
-    keyed by absolute position or context hash, never by round. ``hits`` measures acceptance;
-    ``rounds`` counts target passes when each round drafts up to ``draft_length`` positions.
+    This is what the strong drafter-invariant couplings (``gumbel``, ``poisson``,
+    ``gls_strong``) emit, whatever the drafter: ``ss.generate(..., key=key)`` equals
+    ``decode(pair, length, key, rows=...)`` token for token. Only ``pair.target`` is read, so a
+    target-only model works (no drafter at all).
 
-    >>> from specsampling.pairs import Stationary
-    >>> a = couple(Stationary([0.5, 0.5], [0.9, 0.1]), 6, key=1)
-    >>> b = couple(Stationary([0.5, 0.5], [0.1, 0.9]), 6, key=1)
-    >>> a.tokens == b.tokens
+    Parameters
+    ----------
+    pair : ModelPair or any object with ``vocab_size`` and ``target(prefix)``
+    length : int
+        Tokens to emit.
+    noise : KeyedNoise or int
+        The keyed noise, or a key (position-keyed, prompt length ``len(prefix)``).
+    rows : int
+        Rows of exponentials per position (``K`` for GLS; ``1`` for Gumbel and Poisson).
+    prefix : tuple of int
+        The prompt.
+
+    Examples
+    --------
+    >>> import numpy as np, specsampling as ss
+    >>> pair = ss.pairs.Random(6, seed=2)
+    >>> stream = ss.generate("gumbel", pair, ss.Shape.chain(3), 12, np.random.default_rng(0), key=4)
+    >>> stream == decode(pair, 12, 4)
     True
     """
     count = check_positive_int(length, "length", minimum=0)
-    size = check_positive_int(list_size, "list_size")
-    gamma = check_positive_int(draft_length, "draft_length")
+    size = check_positive_int(rows, "rows")
     sequence: Prefix = tuple(int(t) for t in prefix)
-    vocab = np.arange(pair.vocab_size)
-    seen: set[int] = set()
-    tokens: list[int] = []
-    hits: list[bool] = []
+    if not isinstance(noise, KeyedNoise):
+        noise = KeyedNoise(noise, start=len(sequence))
+    start = len(sequence)
     for _ in range(count):
-        context = noise_context(sequence, window, seen)
-        exps = keyed.exponentials(key, context, 0, vocab)
-        token = gumbel_target(pair.target(sequence), exps)
-        hits.append(token in poisson_list(pair.draft(sequence), exps, size))
-        tokens.append(token)
-        sequence = (*sequence, token)
-    return Coupled(tuple(tokens), tuple(hits), count_rounds(hits, gamma))
-
-
-def count_rounds(hits: Any, draft_length: int) -> int:
-    """Target passes needed to emit ``len(hits)`` tokens: a round takes up to ``draft_length``
-    consecutive hits, then one more token (the correction on a miss, else the bonus).
-
-    >>> count_rounds([True, True, False, True], 4)
-    2
-    """
-    rounds, run, emitted = 0, 0, 0
-    for hit in hits:
-        if emitted == 0:
-            rounds += 1
-        emitted += 1
-        if hit and run < draft_length:
-            run += 1
-        else:
-            run, emitted = 0, 0
-    return rounds
+        exps = noise.exponentials(sequence, size, pair.vocab_size)
+        sequence = (*sequence, keyed_select(pair.target(sequence), exps))
+    return sequence[start:]
 
 
 __all__ = [
-    "Coupled",
-    "count_rounds",
-    "couple",
+    "decode",
     "gumbel_acceptance",
     "gumbel_draft",
+    "gumbel_hits",
     "gumbel_target",
-    "noise_context",
+    "keyed_select",
     "poisson_acceptance",
     "poisson_acceptance_bound",
+    "poisson_hits",
     "poisson_list",
 ]

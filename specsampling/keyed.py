@@ -29,6 +29,7 @@ two are salted apart, so a position never collides with a context hash by constr
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -183,3 +184,72 @@ def context_hash(tokens: Any, window: int) -> int:
     False
     """
     return int(context_hashes(tokens, window)[-1])
+
+
+@dataclass(frozen=True)
+class KeyedNoise:
+    """The keyed noise of one decode: a key, an optional watermark window and the prompt length.
+
+    :meth:`context` names the noise of the position after a sequence: its absolute position
+    when ``window`` is ``None``; otherwise the hash of its previous ``window`` tokens, falling
+    back to the absolute position when that hash already named an earlier position at or after
+    ``start`` (a repeated context is not watermarked, and every position still gets fresh noise;
+    specs §C.5). The context depends on the sequence alone, never on rounds or draft steps, so
+    drafter, verifier and plain decoding that reach the same sequence read the same values.
+
+    Parameters
+    ----------
+    key : int
+        Seed and watermark key, in ``[0, 2**64)``.
+    window : int, optional
+        Context length ``h`` of the watermark; ``None`` keys by absolute position.
+    start : int
+        Length of the prompt: contexts before it never count as seen.
+
+    Examples
+    --------
+    >>> noise = KeyedNoise(5, window=1)
+    >>> noise.context((3, 1)) == noise.context((2, 1))  # same previous token
+    True
+    >>> noise.context((1, 1)) == noise.context((1,))  # seen at position 1: falls back
+    False
+    >>> noise.exponentials((3,), rows=2, vocab_size=4).shape
+    (2, 4)
+    """
+
+    key: int
+    window: int | None = None
+    start: int = 0
+
+    def __post_init__(self) -> None:
+        _words(self.key, "key")
+        if self.window is not None and (
+            isinstance(self.window, bool)
+            or not isinstance(self.window, (int, np.integer))
+            or self.window < 1
+        ):
+            raise ValueError(f"window: expected None or an integer >= 1, got {self.window!r}")
+        if isinstance(self.start, bool) or not isinstance(self.start, (int, np.integer)):
+            raise ValueError(f"start: expected an integer >= 0, got {self.start!r}")
+        if self.start < 0:
+            raise ValueError(f"start: expected an integer >= 0, got {self.start!r}")
+
+    def context(self, sequence: Any) -> int:
+        """The context word of the position right after ``sequence`` (prompt included)."""
+        length = len(sequence)
+        if self.window is None:
+            return int(position_context(length))
+        hashes = context_hashes(sequence, self.window)
+        word = hashes[-1]
+        if np.any(hashes[self.start : length] == word):
+            return int(position_context(length))
+        return int(word)
+
+    def exponentials(self, sequence: Any, rows: int, vocab_size: int) -> npt.NDArray[np.float64]:
+        """``E[k, z]`` for rows ``k < rows`` and tokens ``z < vocab_size`` after ``sequence``."""
+        grid = np.arange(rows)[:, None], np.arange(vocab_size)[None, :]
+        return exponentials(self.key, self.context(sequence), *grid)
+
+    def uniforms(self, sequence: Any, rows: int, tokens: Any) -> npt.NDArray[np.float64]:
+        """``U[k]`` of ``tokens`` for rows ``k < rows`` after ``sequence`` (for detection)."""
+        return uniforms(self.key, self.context(sequence), np.arange(rows), tokens)

@@ -161,6 +161,47 @@ class Random:
         return out
 
 
+class Swapped:
+    """The target of one pair with the draft of another: swap the drafter, keep the target.
+
+    ``draft_from=None`` makes the draft equal to the target (a perfect drafter). Used to show
+    drafter invariance: with a fixed key the strong keyed couplings emit the same tokens for
+    every ``draft_from``.
+
+    >>> base = Random(4, seed=0)
+    >>> pair = Swapped(base, Random(4, seed=1))
+    >>> bool(np.all(pair.target(()) == base.target(()))), pair.vocab_size
+    (True, 4)
+    >>> bool(np.all(Swapped(base).draft((2,)) == base.target((2,))))
+    True
+    """
+
+    def __init__(self, target_from: ModelPair, draft_from: ModelPair | None = None) -> None:
+        for name, pair in (("target_from", target_from), ("draft_from", draft_from)):
+            if pair is not None and not isinstance(pair, ModelPair):
+                raise TypeError(f"{name}: expected a model pair, got {type(pair).__name__}")
+        if draft_from is not None and draft_from.vocab_size != target_from.vocab_size:
+            raise ValueError(
+                f"draft_from: vocabulary {draft_from.vocab_size} != {target_from.vocab_size}"
+            )
+        self._target_from, self._draft_from = target_from, draft_from
+
+    @property
+    def vocab_size(self) -> int:
+        return self._target_from.vocab_size
+
+    def target(self, prefix: Prefix) -> Probs:
+        return self._target_from.target(prefix)
+
+    def draft(self, prefix: Prefix) -> Probs:
+        if self._draft_from is None:
+            return self._target_from.target(prefix)
+        return self._draft_from.draft(prefix)
+
+    def __repr__(self) -> str:
+        return f"Swapped({self._target_from!r}, {self._draft_from!r})"
+
+
 def _show(probs: Probs) -> str:
     """Readable values: ``1/3`` for exact entries, ``0.7`` for floats."""
     return "[" + ", ".join(str(x) if probs.dtype == object else f"{x:.6g}" for x in probs) + "]"

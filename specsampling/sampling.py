@@ -7,8 +7,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ._types import Prefix
+from .keyed import KeyedNoise
 from .pairs import ModelPair
-from .schemes import Verdict, get_scheme
+from .schemes import SCHEMES, KeyedScheme, Verdict, get_scheme
 from .shapes import Shape
 from .tree import DraftTree
 from .validation import check_positive_int
@@ -49,9 +50,19 @@ class Generation(tuple[int, ...]):
 
 
 def speculate(
-    scheme: Any, pair: ModelPair, shape: Shape, rng: np.random.Generator, prefix: Prefix = ()
+    scheme: Any,
+    pair: ModelPair,
+    shape: Shape,
+    rng: np.random.Generator,
+    prefix: Prefix = (),
+    *,
+    noise: KeyedNoise | None = None,
 ) -> Round:
     """Draft a tree after ``prefix``, draw fresh noise and verify: one sampled round.
+
+    Keyed couplings (``gumbel``, ``poisson``, ``gls``, ``gls_strong``) read ``noise`` when it is
+    given (a :class:`~specsampling.keyed.KeyedNoise`); otherwise they draw a fresh key from
+    ``rng``. Other schemes refuse ``noise``.
 
     >>> import numpy as np, specsampling as ss
     >>> pair = ss.pairs.Random(vocab_size=5, seed=0)
@@ -62,7 +73,15 @@ def speculate(
     resolved = get_scheme(scheme)
     if not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng: expected a numpy.random.Generator, got {type(rng).__name__}")
-    tree, verdict = resolved.sample(pair, shape, rng, tuple(prefix))
+    if noise is None:
+        tree, verdict = resolved.sample(pair, shape, rng, tuple(prefix))
+    elif isinstance(resolved, KeyedScheme):
+        tree, verdict = resolved.sample_keyed(pair, shape, noise, tuple(prefix))
+    else:
+        raise ValueError(
+            f"key: scheme {resolved.name!r} does not use keyed noise; only the keyed couplings "
+            f"{sorted(n for n, s in SCHEMES.items() if isinstance(s, KeyedScheme))} take a key"
+        )
     return Round(tree, verdict, (*tree.prefix(verdict.node), verdict.token))
 
 
@@ -72,23 +91,43 @@ def generate(
     shape: Shape,
     length: int,
     rng: np.random.Generator,
+    key: int | None = None,
     prefix: Prefix = (),
+    *,
+    window: int | None = None,
 ) -> Generation:
     """Repeat rounds until ``length`` tokens are emitted; the stream is truncated to ``length``.
 
     Returns the tuple of emitted token ids (a :class:`Generation`, which also keeps the rounds).
+
+    ``key`` (keyed couplings only) seeds the keyed noise and is the watermark key: noise is
+    keyed by absolute position, or with ``window=h`` by the hash of the previous ``h`` tokens
+    (:class:`~specsampling.keyed.KeyedNoise`, prompt length ``len(prefix)``). For a fixed key
+    the strong couplings (``gumbel``, ``poisson``, ``gls_strong``) emit the same tokens
+    whatever the draft model: :func:`specsampling.couplings.decode` of the target alone.
 
     >>> import numpy as np, specsampling as ss
     >>> pair = ss.pairs.Random(vocab_size=5, seed=0)
     >>> stream = ss.generate("nss", pair, ss.Shape.top((2, 2)), 10, np.random.default_rng(1))
     >>> len(stream), isinstance(stream, tuple), 1 <= stream.block_efficiency <= 3
     (10, True, True)
+    >>> other = ss.pairs.Swapped(pair, ss.pairs.Random(5, seed=9))  # another drafter
+    >>> star = ss.Shape.star(2, replacement=False)
+    >>> a = ss.generate("poisson", pair, star, 10, np.random.default_rng(2), key=7)
+    >>> b = ss.generate("poisson", other, ss.Shape.chain(3), 10, np.random.default_rng(3), key=7)
+    >>> a == b
+    True
     """
     length = check_positive_int(length, "length")
+    noise = None
+    if key is not None:
+        noise = KeyedNoise(key, window, start=len(tuple(prefix)))
+    elif window is not None:
+        raise ValueError("window: the watermark window needs a key")
     tokens: tuple[int, ...] = ()
     rounds: list[Round] = []
     while len(tokens) < length:
-        step = speculate(scheme, pair, shape, rng, tuple(prefix) + tokens)
+        step = speculate(scheme, pair, shape, rng, tuple(prefix) + tokens, noise=noise)
         rounds.append(step)
         tokens += step.tokens
     return Generation(tokens[:length], tuple(rounds))

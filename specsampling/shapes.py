@@ -30,7 +30,8 @@ from .validation import check_positive_int
 
 Mode = Literal["iid", "without", "top", "hub"]
 Law = Literal["iid", "without", "deterministic", "greedy", "hub"]
-Chooser = Callable[[Probs], Iterable[tuple[int, Scalar]]]
+#: ``choose(proposal, node_path, step)``: the drawn tokens with their weights.
+Chooser = Callable[[Probs, Prefix, int], Iterable[tuple[int, Scalar]]]
 
 
 @dataclass(frozen=True)
@@ -151,8 +152,31 @@ class Shape:
     def draft(self, pair: ModelPair, rng: np.random.Generator, prefix: Prefix = ()) -> DraftTree:
         """Draft one tree after ``prefix``, drawing each token by inverse CDF from ``rng``."""
 
-        def choose(probs: Probs) -> Iterable[tuple[int, Scalar]]:
+        def choose(probs: Probs, path: Prefix, step: int) -> Iterable[tuple[int, Scalar]]:
             return ((categorical(probs, float(rng.random())), 1),)
+
+        tree, _ = next(self._grow(pair, tuple(prefix), choose))
+        return tree
+
+    def draft_with(
+        self, pair: ModelPair, pick: Callable[[Probs, Prefix, int], int], prefix: Prefix = ()
+    ) -> DraftTree:
+        """Draft one tree choosing each token with ``pick(proposal, node_path, step)``.
+
+        ``proposal`` is the step's law at the node (``q`` for ``iid``, ``q`` without the node's
+        earlier candidates for ``without``), ``node_path`` the node's tokens after ``prefix`` and
+        ``step`` the index into :attr:`steps`. Keyed couplings use it to draft from their shared
+        noise: the race winner ``argmin E / proposal`` is an exact draw from ``proposal``.
+
+        >>> from specsampling.pairs import Stationary
+        >>> pair = Stationary([0.5, 0.5], [0.25, 0.75])
+        >>> most_likely = lambda proposal, path, step: int(proposal.argmax())
+        >>> Shape.star(2, replacement=False).draft_with(pair, most_likely).tokens
+        (-1, 1, 0)
+        """
+
+        def choose(probs: Probs, path: Prefix, step: int) -> Iterable[tuple[int, Scalar]]:
+            return ((pick(probs, path, step), 1),)
 
         tree, _ = next(self._grow(pair, tuple(prefix), choose))
         return tree
@@ -170,7 +194,7 @@ class Shape:
         [((-1, 0, 1), Fraction(1, 4)), ((-1, 1, 0), Fraction(3, 4))]
         """
 
-        def choose(probs: Probs) -> Iterable[tuple[int, Scalar]]:
+        def choose(probs: Probs, path: Prefix, step: int) -> Iterable[tuple[int, Scalar]]:
             return ((int(t), probs[t]) for t in support(probs))
 
         return self._grow(pair, tuple(prefix), choose)
@@ -200,7 +224,7 @@ class Shape:
         if node is None or proposal is None:
             yield from self._expand(pair, prefix, choose, step + 1, state.skip(), weight)
             return
-        for token, prob in choose(proposal):
+        for token, prob in choose(proposal, state.prefixes[node], step):
             child = state.add(node, token)
             yield from self._expand(pair, prefix, choose, step + 1, child, weight * prob)
 

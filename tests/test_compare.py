@@ -103,12 +103,17 @@ def test_draft_laws_and_refusals_at_two_drafts() -> None:
         "greedy": "greedy",
         "spechub": "hub",
         "resispec": "iid",
+        "gumbel": "-",
+        "poisson": "without",
+        "gls": "iid",
+        "gls_strong": "iid",
     }
-    for name in ("standard", "block"):  # chain verifiers: one draft per position only
+    single = ("standard", "block", "gumbel")
+    for name in single:  # chain verifiers: one draft per position only
         row = rows[name]
         assert (row.acceptance, row.optimum, row.gap) == (None, None, None)
         assert row.note == "not defined for num_drafts=2"
-    assert all(rows[n].acceptance is not None for n in ss.SCHEMES if n not in ("standard", "block"))
+    assert all(rows[n].acceptance is not None for n in ss.SCHEMES if n not in single)
 
 
 def test_spechub_has_no_law_for_three_drafts() -> None:
@@ -127,6 +132,14 @@ def test_one_draft_every_scheme_applies() -> None:
         assert row.optimum == pytest.approx(beta, abs=1e-12)
         if name == "nss":  # sum_x p(x) q(x): NSS ignores q
             assert row.acceptance == pytest.approx(0.07 + 0.04 + 0.07)
+        elif isinstance(ss.SCHEMES[name], ss.schemes.KeyedScheme):
+            # communication-free: sum_j 1 / sum_i max(p_i / p_j, q_i / q_j), below 1 - TV
+            gumbel = sum(
+                1 / sum(max(pi / pj, qi / qj) for pi, qi in zip(target, draft, strict=True))
+                for pj, qj in zip(target, draft, strict=True)
+            )
+            assert gumbel == F(13, 40)  # 1/10 + 1/8 + 1/10
+            assert row.acceptance == pytest.approx(float(gumbel), abs=1e-12)
         else:  # every other scheme is standard speculative sampling on one draft
             assert row.acceptance == pytest.approx(beta, abs=1e-12)
 
@@ -144,6 +157,9 @@ def test_skewed_pair_numbers() -> None:
         "greedy": 0.6333,
         "spechub": 0.6333,
         "resispec": 0.4855,
+        "poisson": 0.6389,
+        "gls": 0.4427,
+        "gls_strong": 0.4427,
     }
     assert round(result.optimum_iid, 4) == 0.49
     assert round(result.optimum_without, 4) == 0.6583
@@ -247,8 +263,16 @@ def test_tree_refusals_by_shape() -> None:
         "traversal",
         "spectr",
         "resispec",
+        "gls",
+        "gls_strong",
     }
-    assert supported(ss.Shape.branching((2, 2))) == {"nss", "rsd", "traversal", "resispec"}
+    assert supported(ss.Shape.branching((2, 2))) == {
+        "nss",
+        "rsd",
+        "traversal",
+        "resispec",
+        "poisson",
+    }
     assert supported(ss.Shape.top((2, 2))) == {"nss"}  # deterministic trees: NSS only
     assert supported(ss.Shape.greedy((2, 2))) == {"nss", "greedy"}
     assert supported(ss.Shape.hub(2)) == {"nss", "spechub"}
@@ -416,7 +440,7 @@ def test_cli_tree_mode_json_and_refusals(capsys: pytest.CaptureFixture[str]) -> 
         for r in expected
     ]
     refused = {r["scheme"] for r in payload["rows"] if r["expected_emitted"] is None}
-    assert refused == {"standard", "rsd", "block", "greedy", "spechub"}
+    assert refused == {"standard", "rsd", "block", "greedy", "spechub", "gumbel", "poisson"}
     assert all(
         r["note"] == "not exact for paths(2, 2)" for r in payload["rows"] if r["scheme"] in refused
     )

@@ -49,8 +49,13 @@ STYLES = {
     "greedy": ("greedy", {"marker": "D", "color": "tab:red", "ms": 5}),
     "spechub": ("SpecHub (k = 2)", {"marker": "o", "color": "tab:purple", "mfc": "none", "ms": 11}),
     "resispec": ("ResiSpec (optimised)", {"marker": "P", "color": "tab:brown", "ms": 6}),
+    "gumbel": ("Gumbel (k = 1 only)", {"marker": "X", "color": "tab:pink", "ms": 10, "zorder": 5}),
+    "poisson": ("Poisson list (w/o)", {"marker": ">", "color": "tab:pink", "ls": "--"}),
+    "gls": ("GLS (= gls_strong here)", {"marker": "<", "color": "tab:olive", "ls": "--"}),
 }
-SKIP = {"block"}  # identical to standard at one position; drawn as one marker
+# block is identical to standard at one position, and gls_strong to gls (all rows are active
+# at the first position): each pair is drawn as one line.
+SKIP = {"block", "gls_strong"}
 
 
 def values(target: object, draft: object) -> dict[str, list[float | None]]:

@@ -7,7 +7,9 @@ from typing import Any
 
 from . import (
     block,
+    gls,
     greedy,
+    gumbel,
     nss,
     resispec,
     rsd,
@@ -18,6 +20,7 @@ from . import (
     traversal,
 )
 from .base import NodeScheme, Scheme, TreeScheme, Verdict, VerdictLaw, tables
+from .coupled import KeyedScheme
 
 
 class Registry(Mapping[str, Scheme]):
@@ -54,6 +57,8 @@ class Registry(Mapping[str, Scheme]):
 SCHEMES = Registry()
 for _module in (standard, nss, specinfer, rsd, block, traversal, spectr, greedy, spechub, resispec):
     SCHEMES.register(_module.SCHEME)
+for _keyed in (gumbel.GUMBEL, gumbel.POISSON, gls.GLS_ACTIVE, gls.GLS_STRONG):
+    SCHEMES.register(_keyed)
 
 
 def get_scheme(scheme: Any) -> Scheme:
@@ -71,6 +76,7 @@ def get_scheme(scheme: Any) -> Scheme:
 
 __all__ = [
     "SCHEMES",
+    "KeyedScheme",
     "NodeScheme",
     "Registry",
     "Scheme",

@@ -1,0 +1,132 @@
+"""Drafter invariance of the keyed couplings: the structural checks of ``specsampling certify``.
+
+Two strengths (specs §C.4):
+
+* **strong** (``gumbel``, ``poisson``, ``gls_strong``): with a fixed key the emitted stream is
+  seeded target-only decoding (:func:`~specsampling.couplings.decode`), bit for bit, for every
+  drafter, the perfect one and a wrong one included, with position-keyed and context-keyed
+  (watermark) noise alike;
+* **conditional** (``gls``): the output may depend on the draft *tokens*, never on the draft
+  *probabilities*: two drafters whose keyed race winners coincide give identical verdicts.
+
+Both are checked by running the scheme, not by trusting its flag, and return a list of
+violations (empty when the property holds).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ._types import Prefix, Probs
+from .couplings import decode
+from .keyed import KeyedNoise
+from .pairs import ModelPair, Random, Swapped
+from .sampling import generate
+from .shapes import Shape
+
+
+class Perturbed:
+    """``pair`` with its draft mixed with ``weight`` of the uniform law (same support
+    structure up to ``weight``): race winners move only near ties."""
+
+    def __init__(self, pair: ModelPair, weight: float = 1e-6) -> None:
+        self._pair, self._weight = pair, weight
+
+    @property
+    def vocab_size(self) -> int:
+        return self._pair.vocab_size
+
+    def target(self, prefix: Prefix) -> Probs:
+        return self._pair.target(prefix)
+
+    def draft(self, prefix: Prefix) -> Probs:
+        draft = np.asarray(self._pair.draft(prefix), dtype=np.float64)
+        mixed: Probs = (1 - self._weight) * draft + self._weight / draft.shape[0]
+        return mixed
+
+
+def drafters(base: ModelPair, seed: int = 99) -> dict[str, ModelPair]:
+    """The drafters a strong coupling must be invariant to: none (draft = target), the pair's
+    own draft and an unrelated random draft."""
+    return {
+        "perfect": Swapped(base),
+        "own": base,
+        "unrelated": Swapped(base, Random(base.vocab_size, seed=seed)),
+    }
+
+
+def strong_violations(
+    scheme: Any,
+    base: ModelPair,
+    shape: Shape,
+    *,
+    keys: Sequence[int] = (1, 2, 3),
+    length: int = 12,
+    window: int | None = None,
+    prefix: Prefix = (1,),
+) -> list[str]:
+    """Streams of ``scheme`` that differ from seeded target-only decoding, per drafter and key.
+
+    >>> import specsampling as ss
+    >>> pair = ss.pairs.Random(5, seed=0)
+    >>> strong_violations(ss.SCHEMES["poisson"], pair, ss.Shape.star(2, replacement=False))
+    []
+    """
+    problems = []
+    rows = scheme.rows(shape)
+    for key in keys:
+        noise = KeyedNoise(key, window, start=len(prefix))
+        expected = decode(base, length, noise, rows=rows, prefix=prefix)
+        for label, pair in drafters(base).items():
+            stream = generate(
+                scheme, pair, shape, length, np.random.default_rng(key), key, prefix, window=window
+            )
+            if stream.tokens != expected:
+                problems.append(
+                    f"{shape!r}, key {key}, window {window}, {label} drafter: "
+                    f"{stream.tokens} != target-only {expected}"
+                )
+    return problems
+
+
+def conditional_violations(
+    scheme: Any,
+    base: ModelPair,
+    shape: Shape,
+    *,
+    keys: Sequence[int] = tuple(range(1, 41)),
+    window: int | None = None,
+    prefix: Prefix = (1,),
+) -> tuple[list[str], int]:
+    """Rounds where the same drafted tree gave different verdicts under a perturbed drafter.
+
+    Returns ``(problems, compared)``; ``compared`` counts the keys whose two drafted trees
+    coincide (the check is vacuous when it is 0).
+
+    >>> import specsampling as ss
+    >>> problems, compared = conditional_violations(
+    ...     ss.SCHEMES["gls"], ss.pairs.Random(5, seed=0), ss.Shape.paths(2, 2))
+    >>> problems, compared > 0
+    ([], True)
+    """
+    problems, compared = [], 0
+    other = Perturbed(base)
+    for key in keys:
+        noise = KeyedNoise(key, window, start=len(prefix))
+        tree, verdict = scheme.sample_keyed(base, shape, noise, prefix)
+        other_tree, other_verdict = scheme.sample_keyed(other, shape, noise, prefix)
+        if (tree.parents, tree.tokens) != (other_tree.parents, other_tree.tokens):
+            continue
+        compared += 1
+        if verdict != other_verdict:
+            problems.append(
+                f"{shape!r}, key {key}, window {window}: same draft tokens {tree.tokens}, "
+                f"verdicts {verdict} != {other_verdict}"
+            )
+    return problems, compared
+
+
+__all__ = ["Perturbed", "conditional_violations", "drafters", "strong_violations"]

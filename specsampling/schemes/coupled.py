@@ -1,0 +1,179 @@
+r"""The base of the keyed list couplings (``gumbel``, ``poisson``, ``gls``, ``gls_strong``).
+
+A keyed coupling does not verify a tree with per-node uniforms: drafter and verifier read the
+*same* keyed exponentials (:class:`~specsampling.keyed.KeyedNoise`), the drafter's tokens are
+race winners ``argmin E / q`` and the emitted token at every position is the target's own race
+winner ``argmin E / p``. The output is therefore exact by construction (the race winner is an
+exact draw), and drafting only decides how many positions one target pass covers.
+
+For the exact engine, a keyed scheme gives the law of a round directly: walking down the
+target's path, each position contributes ``P(Y = j, the drafts continue)`` and
+``P(Y = j, the round stops here)``. :meth:`KeyedScheme.outcomes` reports each accepted path as a
+chain tree with its probability and the law of the token emitted after it, so
+:func:`~specsampling.exact.round_law`, :func:`~specsampling.lossless_error`,
+:func:`~specsampling.expected_emitted` and :func:`~specsampling.acceptance` work unchanged.
+
+Sampling draws the keyed noise from a key: :meth:`KeyedScheme.sample_keyed` with a given
+:class:`~specsampling.keyed.KeyedNoise` (``ss.generate(..., key=...)``), or a fresh random key
+per round from ``rng`` (:meth:`KeyedScheme.sample`, which is exact as well).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+
+from .._types import Prefix, Probs
+from ..errors import UnsupportedShape
+from ..keyed import KeyedNoise
+from ..noise import Noise
+from ..ops import support
+from ..pairs import ModelPair
+from ..shapes import Shape
+from ..tree import DraftTree
+from .base import Verdict, VerdictLaw
+
+#: ``(token, probability, next state or None)``: ``None`` ends the round with ``token``.
+Transition = tuple[int, Any, Any]
+
+
+class KeyedScheme(ABC):
+    """A list coupling on keyed noise; subclasses give the drafting and per-position laws."""
+
+    name = ""
+    rational = False
+    reference = ""
+    #: Marks schemes driven by keyed noise (``ss.generate(..., key=...)``).
+    keyed = True
+    #: ``"strong"``: the output is seeded target-only decoding for any drafter;
+    #: ``"conditional"``: the output depends on the draft tokens, never on draft probabilities.
+    invariance = "strong"
+
+    @abstractmethod
+    def supports(self, shape: Shape) -> bool:
+        """Whether the scheme can draft (and is exact for) this shape."""
+
+    @abstractmethod
+    def rows(self, shape: Shape) -> int:
+        """Rows of keyed exponentials per position (``K`` for GLS, else one)."""
+
+    @abstractmethod
+    def transitions(
+        self, target: Probs, draft: Probs, shape: Shape, depth: int, state: Any
+    ) -> Iterable[Transition]:
+        """Exact law of one position of the target's path at ``depth`` (< ``shape.depth``)."""
+
+    @abstractmethod
+    def initial_state(self, shape: Shape) -> Any:
+        """The walk's state at the root (GLS: the number of active rows)."""
+
+    @abstractmethod
+    def sample_keyed(
+        self, pair: ModelPair, shape: Shape, noise: KeyedNoise, prefix: Prefix = ()
+    ) -> tuple[DraftTree, Verdict]:
+        """One round with the given keyed noise: draft from it, then walk the target's path."""
+
+    def check(self, shape: Shape) -> None:
+        """Raise :class:`UnsupportedShape` unless the scheme is exact for ``shape``."""
+        if not self.supports(shape):
+            raise UnsupportedShape(
+                f"scheme {self.name!r} is not exact for drafts of shape {shape!r} "
+                f"(draft law {shape.law!r})"
+            )
+
+    def single_shape(self, num_drafts: int) -> Shape:
+        return Shape.star(num_drafts, replacement=True)
+
+    def closed_acceptance(self, target: Probs, draft: Probs, num_drafts: int) -> Any:
+        return None
+
+    def verify(
+        self, tree: DraftTree, target_probs: Probs, draft_probs: Probs, noise: Noise
+    ) -> Verdict:
+        """Not defined: a keyed verdict depends on the keyed noise the tree was drafted from."""
+        raise TypeError(
+            f"scheme {self.name!r} is a keyed coupling: its verdict is a function of the keyed "
+            "noise shared with drafting, not of per-node uniforms; use sample_keyed or "
+            "ss.generate(..., key=...)"
+        )
+
+    def verdict_law(self, tree: DraftTree, target_probs: Probs, draft_probs: Probs) -> VerdictLaw:
+        """Not defined for a fixed tree (see :meth:`verify`); :meth:`outcomes` gives the law."""
+        raise TypeError(
+            f"scheme {self.name!r} is a keyed coupling: the tree and the verdict are drawn "
+            "jointly; use outcomes() or the exact engine"
+        )
+
+    def outcomes(
+        self, pair: ModelPair, shape: Shape, prefix: Prefix
+    ) -> Iterator[tuple[DraftTree, Any, VerdictLaw]]:
+        """The round law as ``(chain of accepted tokens, its probability, law of the next token)``.
+
+        The chain is the target's accepted path (the drafted tree around it is marginalised
+        out), so the weights sum to one and ``round_law`` sums ``weight * law`` as usual.
+        """
+        self.check(shape)
+        laws: dict[Prefix, VerdictLaw] = {}
+        pending: list[tuple[Prefix, Any, Any]] = [((), self.initial_state(shape), 1)]
+        while pending:
+            path, state, weight = pending.pop()
+            context = tuple(prefix) + path
+            target = pair.target(context)
+            if len(path) == shape.depth:
+                steps: Iterable[Transition] = ((int(t), target[t], None) for t in support(target))
+            else:
+                steps = self.transitions(target, pair.draft(context), shape, len(path), state)
+            for token, prob, after in steps:
+                if not prob > 0:
+                    continue
+                if after is None:
+                    law = laws.setdefault(path, {})
+                    verdict = Verdict(len(path), token)
+                    law[verdict] = law.get(verdict, 0) + weight * prob
+                else:
+                    pending.append(((*path, token), after, weight * prob))
+        for path, law in laws.items():
+            mass = sum(law.values())
+            yield DraftTree.chain(path), mass, {v: prob / mass for v, prob in law.items()}
+
+    def sample(
+        self, pair: ModelPair, shape: Shape, rng: np.random.Generator, prefix: Prefix
+    ) -> tuple[DraftTree, Verdict]:
+        """One round with a fresh random key drawn from ``rng`` (exact: fresh noise)."""
+        self.check(shape)
+        key = int(rng.integers(2**63))
+        return self.sample_keyed(pair, shape, KeyedNoise(key, start=len(prefix)), prefix)
+
+    def __repr__(self) -> str:
+        return f"<scheme {self.name!r}>"
+
+
+def race_pick(noise: KeyedNoise, prefix: Prefix, vocab_size: int, rows_of_step: Any) -> Any:
+    """A :meth:`Shape.draft_with` chooser: the race winner ``argmin E[row] / proposal``."""
+
+    def pick(proposal: Probs, path: Prefix, step: int) -> int:
+        row = rows_of_step(step)
+        exps = noise.exponentials(tuple(prefix) + path, row + 1, vocab_size)[row]
+        with np.errstate(divide="ignore"):
+            scores = np.where(proposal > 0, exps / np.where(proposal > 0, proposal, 1), np.inf)
+        return int(np.argmin(scores))
+
+    return pick
+
+
+def level_widths(shape: Shape) -> tuple[int, ...]:
+    """Children per node at each depth of a level-uniform shape (chains, stars, branching)."""
+    widths: list[int] = []
+    level = [-1]
+    while True:
+        children = [s for s, (parent, _) in enumerate(shape.steps) if parent == level[0]]
+        if not children:
+            return tuple(widths)
+        widths.append(len(children))
+        level = children
+
+
+__all__ = ["KeyedScheme", "Transition", "level_widths", "race_pick"]
