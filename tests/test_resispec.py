@@ -30,6 +30,7 @@ from scipy import stats
 import specsampling as ss
 from specsampling import DraftTree, Noise, Shape
 from specsampling.calculators import specinfer_acceptance
+from specsampling.noise import LARGEST_BELOW_ONE
 from specsampling.pairs import Random, Stationary
 from specsampling.schemes import resispec, tables
 from specsampling.schemes.resispec import (
@@ -133,13 +134,13 @@ def test_certain_stage_guard():
     """1 - sum m_k <= 0: the stage accepts with probability 1 and no division happens."""
     equal = np.array([F(1, 2), F(1, 4), F(1, 4)], dtype=object)
     checks, _ = SCHEME.plan(equal, equal, (0, 1, 0))
-    assert checks == [(1, 1)]
+    assert checks == [(F(1, 2), F(1, 2))]  # m = q: the drafted token's own check, ratio 1
     tree = DraftTree.from_draws([(0, 0), (0, 1), (0, 0)])
     probs = np.stack([equal] * tree.num_nodes), np.stack([equal] * tree.num_nodes)
     descend, stop = SCHEME.node_law(tree, 0, *probs)
     assert descend == [(1, 1)] and not any(stop)
     floats = np.array([0.5, 0.25, 0.25])
-    assert ResiSpec(Greedy()).plan(floats, floats, (2, 1))[0] == [(1, 1)]
+    assert ResiSpec(Greedy()).plan(floats, floats, (2, 1))[0] == [(0.25, 0.25)]
 
 
 # --------------------------------------------------------------------------- members
@@ -445,3 +446,24 @@ def test_duplicates_get_independent_tests_when_sampled():
     expected[-1] += bucket[1]
     assert len(observed) >= 3
     assert stats.chisquare(observed, expected).pvalue > 1e-3
+
+
+def test_sure_stage_still_checks_the_drafted_token_b5():
+    """Regression (found by the CI hypothesis profile): q = (1e-21, 1) sums to 1.0 in float64,
+    so the stage keeps all mass (sum m = 1) while the drafted token 0 has p = 0 and m = 0. The
+    sure-accept shortcut accepted it; the drafted token's own check must reject it."""
+    pair = ss.pairs.Table(
+        {
+            (): ([0.0, 1.0], [9.99999998999e-22, 1.0]),
+            (0,): ([0.5, 0.5], [0.5, 0.5]),
+            (1,): ([0.5, 0.5], [0.5, 0.5]),
+        }
+    )
+    tree = DraftTree.chain([0])
+    target_probs, draft_probs = tables(pair, tree)
+    scheme = ss.SCHEMES["resispec"]
+    for value in (0.0, LARGEST_BELOW_ONE):
+        verdict = scheme.verify(tree, target_probs, draft_probs, Noise.constant(value, 2))
+        assert verdict == ss.Verdict(0, 1)
+    assert scheme.verdict_law(tree, target_probs, draft_probs) == {ss.Verdict(0, 1): 1.0}
+    assert ss.lossless_error(scheme, pair, ss.Shape.chain(1)) <= 1e-12

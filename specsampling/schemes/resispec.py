@@ -407,7 +407,8 @@ class ResiSpec(NodeScheme):
     def plan(self, target: Probs, draft: Probs, tokens: Prefix) -> tuple[list[Any], Probs]:
         """Per candidate ``(m_k(x_k), q_k(x_k))`` given earlier rejections, and :math:`t_{K+1}`.
 
-        Stops after a stage that accepts with probability 1 (:math:`1 - \\sum m_k \\le 0`).
+        Stops after a stage that accepts with probability 1 (:math:`1 - \\sum m_k \\le 0`); its
+        check is still the drafted token's own ``(m_k(x_k), q_k(x_k))``.
         """
         rule = self.policy.at_node(target, draft, len(tokens))
         current, proposal = target, draft
@@ -417,10 +418,13 @@ class ResiSpec(NodeScheme):
             kept = np.minimum(self.sub_target(rule, stage), proposal)
             rest = current - kept
             mass = total(rest)
-            if not mass > 0:
-                result.append((1, 1))
-                break
             result.append((kept[token], proposal[token]))
+            if not mass > 0:
+                # Sum m_k = 1, so m_k = q_k: the candidate is accepted surely in exact arithmetic.
+                # In float64 a drafted token whose q-mass was lost to rounding (q = 1e-21 next to
+                # 1.0) can still have m = 0: it is rejected and the stage's own t_k, a valid law
+                # inside the target's support, is the fallback (peer bug B5).
+                break
             current = rest / mass
             if not self.replacement:
                 proposal = remove_token(proposal, token)
