@@ -148,3 +148,40 @@ def chi_square_pvalue(counts: Counter[tuple[int, ...]], law: dict[Any, Any]) -> 
         return 1.0
     scale = sum(observed_bins) / sum(expected_bins)
     return float(stats.chisquare(observed_bins, [e * scale for e in expected_bins]).pvalue)
+
+
+def pooled_chi2(counts: Any, probs: Any) -> float:
+    """Chi-square p-value of count array ``counts`` against ``probs``; the cells expecting
+    fewer than 5 are pooled (with the last kept cell if the pool is still below 5). A count
+    where the law has no mass gives 0."""
+    counts, expected = np.asarray(counts, float), np.asarray(probs, float) * np.sum(counts)
+    if np.any((expected == 0) & (counts > 0)):
+        return 0.0
+    small = expected < 5
+    obs, exp = list(counts[~small]), list(expected[~small])
+    if small.any():
+        obs.append(counts[small].sum())
+        exp.append(expected[small].sum())
+    if exp[-1] < 5 and len(exp) > 1:
+        obs[-2:], exp[-2:] = [sum(obs[-2:])], [sum(exp[-2:])]
+    return float(stats.chisquare(obs, exp).pvalue) if len(exp) > 1 else 1.0
+
+
+def random_pairs(seed: int, count: int, max_size: int = 6) -> Any:
+    """Random float ``(p, q)`` pairs over 2..``max_size`` tokens, built by mapping: zeros in
+    the target, draft = target, zeros in the draft, a near one-hot target, or plain Dirichlet."""
+    rng = np.random.default_rng(seed)
+    for _ in range(count):
+        size = int(rng.integers(2, max_size, endpoint=True))
+        p = rng.dirichlet(np.full(size, rng.choice([0.3, 1.0, 3.0])))
+        q = rng.dirichlet(np.full(size, rng.choice([0.3, 1.0, 3.0])))
+        kind = int(rng.integers(5))
+        if kind == 0:
+            p = np.where((rng.random(size) < 0.4) & (np.arange(size) != p.argmax()), 0.0, p)
+        elif kind == 1:
+            q = p.copy()
+        elif kind == 2:
+            q = np.where((rng.random(size) < 0.4) & (np.arange(size) != q.argmax()), 0.0, q)
+        elif kind == 3:
+            p = np.where(np.arange(size) == rng.integers(size), 1.0, 1e-9)
+        yield p / p.sum(), q / q.sum()

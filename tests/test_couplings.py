@@ -16,6 +16,7 @@ import pytest
 from scipy import stats
 
 import specsampling as ss
+from proofs_tests.oracles import pooled_chi2, random_pairs
 from specsampling import keyed
 from specsampling.couplings import (
     decode,
@@ -42,38 +43,8 @@ def _field(key: int, n: int, vocab: int) -> np.ndarray:
     return keyed.exponentials(key, ctx, 0, np.arange(vocab))
 
 
-def _chi2(counts: np.ndarray, probs: np.ndarray) -> float:
-    """Chi-square p-value of counts against probs, cells pooled until each expects >= 5."""
-    counts, expected = np.asarray(counts, float), np.asarray(probs, float) * np.sum(counts)
-    if np.any((expected == 0) & (counts > 0)):
-        return 0.0
-    small = expected < 5
-    obs, exp = list(counts[~small]), list(expected[~small])
-    if small.any():
-        obs.append(counts[small].sum())
-        exp.append(expected[small].sum())
-    if exp[-1] < 5 and len(exp) > 1:
-        obs[-2:], exp[-2:] = [sum(obs[-2:])], [sum(exp[-2:])]
-    return float(stats.chisquare(obs, exp).pvalue) if len(exp) > 1 else 1.0
-
-
 def _cases(seed: int, count: int):
-    """Random (p, q) pairs by mapping: zeros, draft = target, near one-hot, sparse drafts."""
-    rng = np.random.default_rng(seed)
-    for _ in range(count):
-        size = int(rng.integers(2, 7, endpoint=True))
-        p = rng.dirichlet(np.full(size, rng.choice([0.3, 1.0, 3.0])))
-        q = rng.dirichlet(np.full(size, rng.choice([0.3, 1.0, 3.0])))
-        kind = int(rng.integers(5))
-        if kind == 0:
-            p = np.where((rng.random(size) < 0.4) & (np.arange(size) != p.argmax()), 0.0, p)
-        elif kind == 1:
-            q = p.copy()
-        elif kind == 2:
-            q = np.where((rng.random(size) < 0.4) & (np.arange(size) != q.argmax()), 0.0, q)
-        elif kind == 3:
-            p = np.where(np.arange(size) == rng.integers(size), 1.0, 1e-9)
-        yield p / p.sum(), q / q.sum()
+    return random_pairs(seed, count, max_size=7)
 
 
 # --- keyed field -------------------------------------------------------------------------------
@@ -113,13 +84,14 @@ def test_field_is_uniform_and_independent() -> None:  # 4 checks
         2024, keyed.position_context(np.arange(400, dtype=np.uint64))[:, None], 0, np.arange(500)
     )
     counts = np.histogram(u, bins=100, range=(0, 1))[0]
-    assert _chi2(counts, np.full(100, 0.01)) > ALPHA
+    assert pooled_chi2(counts, np.full(100, 0.01)) > ALPHA
     assert stats.kstest(u.ravel()[:50_000], "uniform").pvalue > ALPHA
     pairs = np.floor(u[:, :-1] * 10) * 10 + np.floor(u[:, 1:] * 10)  # neighbouring tokens
-    assert _chi2(np.bincount(pairs.astype(int).ravel(), minlength=100), np.full(100, 0.01)) > ALPHA
+    counts = np.bincount(pairs.astype(int).ravel(), minlength=100)
+    assert pooled_chi2(counts, np.full(100, 0.01)) > ALPHA
     rows = keyed.uniforms(2024, 7, np.arange(2)[:, None], np.arange(100_000))
     joint = np.floor(rows[0] * 10) * 10 + np.floor(rows[1] * 10)  # neighbouring rows
-    assert _chi2(np.bincount(joint.astype(int), minlength=100), np.full(100, 0.01)) > ALPHA
+    assert pooled_chi2(np.bincount(joint.astype(int), minlength=100), np.full(100, 0.01)) > ALPHA
 
 
 def test_tail_resolution_is_float64_b9() -> None:  # 1 check (two halves)
@@ -146,7 +118,7 @@ def test_gumbel_selections_follow_their_laws() -> None:  # 2 checks
     e = _field(1, 40_000, 3)
     target = np.bincount(gumbel_target(P, e), minlength=3)
     draft = np.bincount(gumbel_draft(Q, e), minlength=3)
-    assert _chi2(target, P) > ALPHA and _chi2(draft, Q) > ALPHA
+    assert pooled_chi2(target, P) > ALPHA and pooled_chi2(draft, Q) > ALPHA
     assert gumbel_target([0.0, 1.0], [0.0, 30.0]) == 1  # zero probability never selected
 
 
@@ -157,7 +129,7 @@ def test_poisson_list_is_without_replacement_sample() -> None:  # 1 check
     pairs = [(a, b) for a in range(4) for b in range(4) if a != b]
     law = np.array([q[a] * q[b] / (1 - q[a]) for a, b in pairs])
     counts = np.array([sum(1 for x in lists if x == pr) for pr in pairs])
-    assert _chi2(counts, law) > ALPHA
+    assert pooled_chi2(counts, law) > ALPHA
     assert poisson_list([0.5, 0.5, 0.0], [1.0, 2.0, 0.0], 3) == (0, 1)
 
 

@@ -23,9 +23,9 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from scipy import stats
 
 import specsampling as ss
+from proofs_tests.oracles import pooled_chi2, random_pairs
 from specsampling.couplings import decode, gumbel_acceptance, gumbel_hits, keyed_select
 from specsampling.gls import gls_acceptance, list_matching_bound, match_law
 from specsampling.keyed import KeyedNoise
@@ -40,38 +40,8 @@ BASE = Random(6, seed=4)
 PROMPT = (0, 1)
 
 
-def _chi2(counts, probs) -> float:
-    """Chi-square p-value of counts against probs, cells pooled until each expects >= 5."""
-    counts, expected = np.asarray(counts, float), np.asarray(probs, float) * np.sum(counts)
-    if np.any((expected == 0) & (counts > 0)):
-        return 0.0
-    small = expected < 5
-    obs, exp = list(counts[~small]), list(expected[~small])
-    if small.any():
-        obs.append(counts[small].sum())
-        exp.append(expected[small].sum())
-    if exp[-1] < 5 and len(exp) > 1:
-        obs[-2:], exp[-2:] = [sum(obs[-2:])], [sum(exp[-2:])]
-    return float(stats.chisquare(obs, exp).pvalue) if len(exp) > 1 else 1.0
-
-
 def _cases(seed: int, count: int):
-    """Random (p, q) pairs by mapping: zeros, draft = target, near one-hot, sparse drafts."""
-    rng = np.random.default_rng(seed)
-    for _ in range(count):
-        size = int(rng.integers(2, 6, endpoint=True))
-        p = rng.dirichlet(np.full(size, rng.choice([0.3, 1.0, 3.0])))
-        q = rng.dirichlet(np.full(size, rng.choice([0.3, 1.0, 3.0])))
-        kind = int(rng.integers(5))
-        if kind == 0:
-            p = np.where((rng.random(size) < 0.4) & (np.arange(size) != p.argmax()), 0.0, p)
-        elif kind == 1:
-            q = p.copy()
-        elif kind == 2:
-            q = np.where((rng.random(size) < 0.4) & (np.arange(size) != q.argmax()), 0.0, q)
-        elif kind == 3:
-            p = np.where(np.arange(size) == rng.integers(size), 1.0, 1e-9)
-        yield p / p.sum(), q / q.sum()
+    return random_pairs(seed, count, max_size=6)
 
 
 def _law(p, q, active, rows=None):
@@ -127,7 +97,7 @@ def test_match_law_matches_monte_carlo(active: int, rows: int) -> None:  # 1 che
     p, q = rng.dirichlet(np.ones(5)), rng.dirichlet(np.ones(5) * 0.6)
     y, matched = _mc_gls(p, q, active, rows, 100_000, rows)
     counts = np.bincount(y * (active + 1) + matched, minlength=5 * (active + 1))
-    assert _chi2(counts, match_law(p, q, active, rows).ravel()) > ALPHA
+    assert pooled_chi2(counts, match_law(p, q, active, rows).ravel()) > ALPHA
 
 
 @pytest.mark.parametrize("num_drafts", [1, 2, 3])
@@ -257,7 +227,7 @@ def _round_length_pvalue(sample, seed: int) -> float:
     for key in np.random.default_rng(seed).integers(2**63, size=n):
         tree, verdict = sample(BASE, shape, KeyedNoise(int(key), start=len(PROMPT)), PROMPT)
         counts[len(tree.prefix(verdict.node)) + 1] += 1
-    return _chi2([counts[m] for m in (1, 2, 3)], probs)
+    return pooled_chi2([counts[m] for m in (1, 2, 3)], probs)
 
 
 def test_inverted_active_set_mutant_is_caught() -> None:  # 2 checks

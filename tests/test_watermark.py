@@ -15,6 +15,7 @@ import pytest
 from scipy import stats
 
 import specsampling as ss
+from proofs_tests.oracles import pooled_chi2
 from specsampling import keyed
 from specsampling.keyed import KeyedNoise
 from specsampling.pairs import Random, Stationary
@@ -30,21 +31,6 @@ KEYED = [
     ("gls_strong", ss.Shape.paths(3, 2), 3),
     ("gls", ss.Shape.paths(3, 2), 3),
 ]
-
-
-def _chi2(counts, probs) -> float:
-    """Chi-square p-value of counts against probs, cells pooled until each expects >= 5."""
-    counts, expected = np.asarray(counts, float), np.asarray(probs, float) * np.sum(counts)
-    if np.any((expected == 0) & (counts > 0)):
-        return 0.0
-    small = expected < 5
-    obs, exp = list(counts[~small]), list(expected[~small])
-    if small.any():
-        obs.append(counts[small].sum())
-        exp.append(expected[small].sum())
-    if exp[-1] < 5 and len(exp) > 1:
-        obs[-2:], exp[-2:] = [sum(obs[-2:])], [sum(exp[-2:])]
-    return float(stats.chisquare(obs, exp).pvalue) if len(exp) > 1 else 1.0
 
 
 #: A skewed unigram law: plain text repeats tokens and contexts, as real text does.
@@ -117,7 +103,7 @@ def test_output_over_keys_is_the_target_law(name: str, shape: ss.Shape) -> None:
     probs = np.array([float(joint[c]) for c in cells])
     first = np.array([counts[[c[0] == t for c in cells]].sum() for t in range(3)])
     marginal = np.array([probs[[c[0] == t for c in cells]].sum() for t in range(3)])
-    assert _chi2(first, marginal) > ALPHA and _chi2(counts, probs) > ALPHA
+    assert pooled_chi2(first, marginal) > ALPHA and pooled_chi2(counts, probs) > ALPHA
 
 
 # --- power --------------------------------------------------------------------------------------
@@ -209,4 +195,4 @@ def test_acceptance_with_the_prf_is_acceptance_with_true_randomness(name, shape,
     z = (np.mean(lengths) - mean) / np.sqrt(var / len(lengths))
     assert abs(z) < Z_MAX, (name, np.mean(lengths), mean)
     counts = Counter(lengths)
-    assert _chi2([counts[m] for m in range(1, shape.depth + 2)], probs) > ALPHA
+    assert pooled_chi2([counts[m] for m in range(1, shape.depth + 2)], probs) > ALPHA

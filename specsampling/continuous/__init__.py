@@ -20,6 +20,7 @@ One denoising step has a target kernel :math:`P = N(m_t, \sigma^2 I)` and a draf
 
 from __future__ import annotations
 
+from .._registry import Registry
 from .api import acceptance, sample, verify, verify_block, verify_chain
 from .base import (
     BlockVerified,
@@ -34,7 +35,7 @@ from .base import (
 )
 from .dgrs import dgrs_masses
 from .frame import DEGENERATE_DELTA, Frame
-from .registry import SCHEMES, Registry, get_scheme
+from .registry import SCHEMES, get_scheme
 from .residual import residual_cdf, residual_mass, residual_threshold, sample_residual
 
 __all__ = [

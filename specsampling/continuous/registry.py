@@ -2,44 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
 from typing import Any
 
+from .._registry import Registry
 from . import block, dgrs, reflection
 from .base import ContinuousScheme
 
-
-class Registry(Mapping[str, ContinuousScheme]):
-    """Read-only mapping of continuous scheme names to scheme objects.
-
-    >>> sorted(SCHEMES)
-    ['block', 'dgrs', 'reflection']
-    >>> SCHEMES["dgrs"].reference.split(":")[0]
-    'arXiv 2609.17691'
-    """
-
-    def __init__(self, *schemes: ContinuousScheme) -> None:
-        self._schemes = {scheme.name: scheme for scheme in schemes}
-
-    def __getitem__(self, name: str) -> ContinuousScheme:
-        try:
-            return self._schemes[name]
-        except KeyError:
-            raise KeyError(
-                f"unknown continuous scheme {name!r}; registered: {sorted(self._schemes)}"
-            ) from None
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._schemes)
-
-    def __len__(self) -> int:
-        return len(self._schemes)
-
-    def __repr__(self) -> str:
-        return f"Registry({sorted(self._schemes)})"
-
-
-SCHEMES = Registry(reflection.SCHEME, dgrs.SCHEME, block.SCHEME)
+#: The continuous schemes by name.
+#:
+#: >>> sorted(SCHEMES)
+#: ['block', 'dgrs', 'reflection']
+SCHEMES: Registry[ContinuousScheme] = Registry("continuous scheme")
+for _scheme in (reflection.SCHEME, dgrs.SCHEME, block.SCHEME):
+    SCHEMES.register(_scheme)
 
 
 def get_scheme(scheme: Any) -> ContinuousScheme:

@@ -109,16 +109,16 @@ def check_round(
         Noise.checked(noise.accept, noise.sample, num_nodes)
 
 
-class TreeScheme(ABC):
-    """Default drafting, sampling and refusal logic shared by the tree schemes."""
+class SchemeDefaults:
+    """What every concrete scheme shares: metadata, refusal and single-position defaults."""
 
     name = ""
     rational = True
     reference = ""
 
-    @abstractmethod
     def supports(self, shape: Shape) -> bool:
         """Whether the scheme is exact for drafts of this shape."""
+        raise NotImplementedError
 
     def check(self, shape: Shape) -> None:
         """Raise :class:`UnsupportedShape` unless the scheme is exact for ``shape``."""
@@ -133,6 +133,17 @@ class TreeScheme(ABC):
 
     def closed_acceptance(self, target: Probs, draft: Probs, num_drafts: int) -> Any:
         return None
+
+    def __repr__(self) -> str:
+        return f"<scheme {self.name!r}>"
+
+
+class TreeScheme(SchemeDefaults, ABC):
+    """Default drafting, sampling and refusal logic shared by the tree schemes."""
+
+    @abstractmethod
+    def supports(self, shape: Shape) -> bool:
+        """Whether the scheme is exact for drafts of this shape."""
 
     @abstractmethod
     def verify(
@@ -158,9 +169,6 @@ class TreeScheme(ABC):
         tree = shape.draft(pair, rng, prefix)
         noise = Noise.draw(rng, tree.num_nodes)
         return tree, self.verify(tree, *tables(pair, tree, prefix), noise)
-
-    def __repr__(self) -> str:
-        return f"<scheme {self.name!r}>"
 
 
 #: Per-node decision of a top-down scheme: the child to descend into, or the token to emit.

@@ -27,25 +27,22 @@ from typing import Any
 import numpy as np
 
 from .._types import Prefix, Probs
-from ..errors import UnsupportedShape
 from ..keyed import KeyedNoise
 from ..noise import Noise
 from ..ops import support
 from ..pairs import ModelPair
 from ..shapes import Shape
 from ..tree import DraftTree
-from .base import Verdict, VerdictLaw
+from .base import SchemeDefaults, Verdict, VerdictLaw
 
 #: ``(token, probability, next state or None)``: ``None`` ends the round with ``token``.
 Transition = tuple[int, Any, Any]
 
 
-class KeyedScheme(ABC):
+class KeyedScheme(SchemeDefaults, ABC):
     """A list coupling on keyed noise; subclasses give the drafting and per-position laws."""
 
-    name = ""
     rational = False
-    reference = ""
     #: Marks schemes driven by keyed noise (``ss.generate(..., key=...)``).
     keyed = True
     #: ``"strong"``: the output is seeded target-only decoding for any drafter;
@@ -75,20 +72,6 @@ class KeyedScheme(ABC):
         self, pair: ModelPair, shape: Shape, noise: KeyedNoise, prefix: Prefix = ()
     ) -> tuple[DraftTree, Verdict]:
         """One round with the given keyed noise: draft from it, then walk the target's path."""
-
-    def check(self, shape: Shape) -> None:
-        """Raise :class:`UnsupportedShape` unless the scheme is exact for ``shape``."""
-        if not self.supports(shape):
-            raise UnsupportedShape(
-                f"scheme {self.name!r} is not exact for drafts of shape {shape!r} "
-                f"(draft law {shape.law!r})"
-            )
-
-    def single_shape(self, num_drafts: int) -> Shape:
-        return Shape.star(num_drafts, replacement=True)
-
-    def closed_acceptance(self, target: Probs, draft: Probs, num_drafts: int) -> Any:
-        return None
 
     def verify(
         self, tree: DraftTree, target_probs: Probs, draft_probs: Probs, noise: Noise
@@ -146,9 +129,6 @@ class KeyedScheme(ABC):
         self.check(shape)
         key = int(rng.integers(2**63))
         return self.sample_keyed(pair, shape, KeyedNoise(key, start=len(prefix)), prefix)
-
-    def __repr__(self) -> str:
-        return f"<scheme {self.name!r}>"
 
 
 def race_pick(noise: KeyedNoise, prefix: Prefix, vocab_size: int, rows_of_step: Any) -> Any:
