@@ -37,7 +37,7 @@ from .exact import enumerated_acceptance, expected_emitted, lossless_error, roun
 from .invariance import conditional_violations, strong_violations
 from .pairs import ModelPair, Random, Stationary
 from .sampling import speculate
-from .schemes import SCHEMES, Scheme, get_scheme
+from .schemes import SCHEMES, KeyedScheme, Scheme, get_scheme
 from .shapes import Shape
 
 #: Largest float error a certified scheme may show (exact cases must be exactly 0).
@@ -279,7 +279,7 @@ def _plan(scheme: Scheme) -> _Plan:
         for label, pair in model_pairs(scheme.single_shape(k), exact)
     )
     structural: tuple[tuple[Shape, str, ModelPair, int | None], ...] = ()
-    if getattr(scheme, "keyed", False):
+    if isinstance(scheme, KeyedScheme):
         structural = tuple(
             (shape, repr(pair), pair, window)
             for shape in supported
@@ -360,7 +360,7 @@ def _check_invariance(
 ) -> list[str]:
     """Strong couplings must emit seeded target-only decoding for every drafter; conditional
     ones (active-set GLS) identical verdicts for identical draft tokens."""
-    if getattr(scheme, "invariance", "") == "strong":
+    if isinstance(scheme, KeyedScheme) and scheme.invariance == "strong":
         return strong_violations(scheme, pair, shape, window=window)
     problems, compared = conditional_violations(scheme, pair, shape, window=window)
     if compared == 0:

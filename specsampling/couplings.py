@@ -153,6 +153,24 @@ def gumbel_acceptance(target_probs: Any, draft_probs: Any) -> Any:
     return hits.sum() if hits.dtype == object else float(hits.sum())
 
 
+def log_grid(low: float, high: float, step: float) -> tuple[Floats, Floats]:
+    """Points ``x = exp(y)`` for ``y`` in ``[low, high]`` spaced by ``step``, and weights with
+    ``weights @ f(x) ~ int f(x) dx``: the trapezoid rule in ``y`` (Jacobian ``x`` included).
+
+    For integrands over ``(0, inf)`` that decay fast at both ends of ``log x``; used by the
+    Poisson and GLS laws.
+
+    >>> x, weights = log_grid(-40.0, np.log(40.0), 0.05)
+    >>> round(float(np.exp(-x) @ weights), 12)  # int_0^inf e^-x dx
+    1.0
+    """
+    y = np.arange(low, high + step, step)
+    x: Floats = np.exp(y)
+    weights: Floats = np.full(y.shape[0], step) * x
+    weights[[0, -1]] /= 2
+    return x, weights
+
+
 def poisson_hits(
     target_probs: Any, draft_probs: Any, list_size: int, *, step: float = 0.05
 ) -> Floats:
@@ -181,9 +199,7 @@ def poisson_hits(
         if rates.shape[0] < size:
             out[j] = p[j]
             continue
-        low = -np.log1p(float(rates.sum())) - 40.0
-        y = np.arange(low, np.log(40.0) + step, step)
-        x = np.exp(y)
+        x, weights = log_grid(-np.log1p(float(rates.sum())) - 40.0, np.log(40.0), step)
         tail = np.zeros((size, x.shape[0]))  # tail[k] = P[k of the tokens seen so far beat j]
         tail[0] = 1.0
         for rate in rates:
@@ -191,8 +207,7 @@ def poisson_hits(
             move = -np.expm1(-x * rate)
             tail[1:] = tail[1:] * stay + tail[:-1] * move
             tail[0] = tail[0] * stay
-        integrand = x * np.exp(-x) * tail.sum(axis=0)
-        integral = float(step * (integrand.sum() - 0.5 * integrand[[0, -1]].sum()))
+        integral = float((np.exp(-x) * tail.sum(axis=0)) @ weights)
         out[j] = p[j] * min(max(integral, 0.0), 1.0)
     return out
 
@@ -287,6 +302,7 @@ __all__ = [
     "gumbel_hits",
     "gumbel_target",
     "keyed_select",
+    "log_grid",
     "poisson_acceptance",
     "poisson_acceptance_bound",
     "poisson_hits",

@@ -36,7 +36,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .validation import check_distribution, check_positive_int
+from .couplings import _floats, log_grid
+from .validation import check_positive_int
 
 Floats = npt.NDArray[np.float64]
 
@@ -45,9 +46,8 @@ STEP = 0.05
 
 
 def _pair(target_probs: Any, draft_probs: Any) -> tuple[Floats, Floats]:
-    p = np.asarray(check_distribution(target_probs, "target"), dtype=np.float64)
-    q = np.asarray(check_distribution(draft_probs, "draft", p.shape[0]), dtype=np.float64)
-    return p, q
+    p = _floats(target_probs, "target")
+    return p, _floats(draft_probs, "draft", p.shape[0])
 
 
 def _other_row_match(p: Floats, q: Floats, j: int, s: Floats) -> Floats:
@@ -132,8 +132,7 @@ def match_law(target_probs: Any, draft_probs: Any, active: int, rows: int | None
         gaps[j] = 0.0
         spread = float(gaps.sum())
         scale = total_rows + spread + float(np.sum(q / q[j])) + float(np.sum(p)) / float(q[j])
-        y = np.arange(-np.log(scale) - 40.0, np.log(40.0 / total_rows) + STEP, STEP)
-        s = np.exp(y)
+        s, weights = log_grid(-np.log(scale) - 40.0, np.log(40.0 / total_rows), STEP)
         winner = np.exp(-s * spread)  # b(s)
         other = _other_row_match(p, q, int(j), s)  # a(s)
         mass = np.zeros((n + 1, s.shape[0]))
@@ -146,9 +145,7 @@ def match_law(target_probs: Any, draft_probs: Any, active: int, rows: int | None
         else:
             mass[1] = winner
             mass[0] = 1 - winner
-        integrand = s * np.exp(-total_rows * s) * mass
-        weights = np.full(s.shape[0], STEP)
-        weights[[0, -1]] = STEP / 2
+        integrand = np.exp(-total_rows * s) * mass
         hits = np.clip(p[j] * (integrand[1:] @ weights), 0.0, None)
         if hits.sum() > p[j]:
             hits *= p[j] / hits.sum()

@@ -249,7 +249,3 @@ class KeyedNoise:
         """``E[k, z]`` for rows ``k < rows`` and tokens ``z < vocab_size`` after ``sequence``."""
         grid = np.arange(rows)[:, None], np.arange(vocab_size)[None, :]
         return exponentials(self.key, self.context(sequence), *grid)
-
-    def uniforms(self, sequence: Any, rows: int, tokens: Any) -> npt.NDArray[np.float64]:
-        """``U[k]`` of ``tokens`` for rows ``k < rows`` after ``sequence`` (for detection)."""
-        return uniforms(self.key, self.context(sequence), np.arange(rows), tokens)

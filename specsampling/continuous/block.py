@@ -38,10 +38,9 @@ from __future__ import annotations
 
 import numpy as np
 import numpy.typing as npt
-from scipy.special import ndtr
 
 from .base import Array, ChainLevels, ChainNoise, ChainOutcome, NodeNoise, NodeOutcome
-from .frame import DEGENERATE_DELTA, Frame
+from .frame import Frame, maximal_coupling_acceptance
 from .residual import _log_mass, _sample
 
 
@@ -62,7 +61,7 @@ class Block:
 
     def acceptance(self, delta: Array, num_drafts: int) -> Array:
         r"""Single node: :math:`2\Phi(-\delta/2)`; 1 on degenerate rows."""
-        return np.where(delta <= DEGENERATE_DELTA, 1.0, 2.0 * ndtr(-delta / 2))
+        return np.asarray(maximal_coupling_acceptance(delta))
 
     def selects(self, eta: Array, h: Array) -> npt.NDArray[np.bool_]:
         r"""Strict :math:`\eta < h` (same law as :math:`\le`; :math:`h = 0` never selects)."""

@@ -27,11 +27,23 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from scipy.special import ndtr
 
 Array = npt.NDArray[np.float64]
 
 #: Mismatches :math:`\delta \le` this are degenerate: every scheme accepts the (first) child.
 DEGENERATE_DELTA = 1e-10
+
+
+def maximal_coupling_acceptance(delta: Any) -> Any:
+    r"""One draft, maximal coupling: :math:`1 - \mathrm{TV} = 2\Phi(-\delta/2)`; 1 on
+    degenerate :math:`\delta \le 10^{-10}` (accepted unconditionally).
+
+    >>> round(float(maximal_coupling_acceptance(1.0)), 4)
+    0.6171
+    """
+    delta = np.asarray(delta, dtype=np.float64)
+    return np.where(delta <= DEGENERATE_DELTA, 1.0, 2.0 * ndtr(-delta / 2))
 
 
 @dataclass(frozen=True)

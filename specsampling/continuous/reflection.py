@@ -29,10 +29,9 @@ from __future__ import annotations
 
 import numpy as np
 import numpy.typing as npt
-from scipy.special import ndtr
 
 from .base import Array, ChainLevels, ChainNoise, ChainOutcome, NodeNoise, NodeOutcome
-from .frame import DEGENERATE_DELTA, Frame
+from .frame import Frame, maximal_coupling_acceptance
 
 
 class Reflection:
@@ -52,7 +51,7 @@ class Reflection:
 
     def acceptance(self, delta: Array, num_drafts: int) -> Array:
         r""":math:`2\Phi(-\delta/2)`; 1 on degenerate :math:`\delta \le 10^{-10}`."""
-        return np.where(delta <= DEGENERATE_DELTA, 1.0, 2.0 * ndtr(-delta / 2))
+        return np.asarray(maximal_coupling_acceptance(delta))
 
     def accepts(self, u: Array, log_ratio: Array) -> npt.NDArray[np.bool_]:
         r"""Strict test :math:`\log(1-u) < \log\rho`: probability :math:`\min(1, \rho)`."""

@@ -109,16 +109,16 @@ def check_round(
         Noise.checked(noise.accept, noise.sample, num_nodes)
 
 
-class SchemeDefaults:
+class SchemeDefaults(ABC):
     """What every concrete scheme shares: metadata, refusal and single-position defaults."""
 
     name = ""
     rational = True
     reference = ""
 
+    @abstractmethod
     def supports(self, shape: Shape) -> bool:
         """Whether the scheme is exact for drafts of this shape."""
-        raise NotImplementedError
 
     def check(self, shape: Shape) -> None:
         """Raise :class:`UnsupportedShape` unless the scheme is exact for ``shape``."""
@@ -138,12 +138,8 @@ class SchemeDefaults:
         return f"<scheme {self.name!r}>"
 
 
-class TreeScheme(SchemeDefaults, ABC):
+class TreeScheme(SchemeDefaults):
     """Default drafting, sampling and refusal logic shared by the tree schemes."""
-
-    @abstractmethod
-    def supports(self, shape: Shape) -> bool:
-        """Whether the scheme is exact for drafts of this shape."""
 
     @abstractmethod
     def verify(

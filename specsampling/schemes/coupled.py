@@ -20,7 +20,7 @@ per round from ``rng`` (:meth:`KeyedScheme.sample`, which is exact as well).
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -39,19 +39,13 @@ from .base import SchemeDefaults, Verdict, VerdictLaw
 Transition = tuple[int, Any, Any]
 
 
-class KeyedScheme(SchemeDefaults, ABC):
+class KeyedScheme(SchemeDefaults):
     """A list coupling on keyed noise; subclasses give the drafting and per-position laws."""
 
     rational = False
-    #: Marks schemes driven by keyed noise (``ss.generate(..., key=...)``).
-    keyed = True
     #: ``"strong"``: the output is seeded target-only decoding for any drafter;
     #: ``"conditional"``: the output depends on the draft tokens, never on draft probabilities.
     invariance = "strong"
-
-    @abstractmethod
-    def supports(self, shape: Shape) -> bool:
-        """Whether the scheme can draft (and is exact for) this shape."""
 
     @abstractmethod
     def rows(self, shape: Shape) -> int:
