@@ -137,7 +137,7 @@ def test_one_draft_is_the_maximal_coupling(case: Any) -> None:
             # (1 - TV) / (1 + TV) (Daliri et al.), and all equal to the Gumbel closed form.
             assert below(accepted, beta, exact) or abs(float(accepted) - float(beta)) < 1e-12
             assert float(accepted) >= float(beta) / (2 - float(beta)) - 1e-12, name
-            gumbel = ss.couplings.gumbel_acceptance(target, draft)
+            gumbel = ss.keyed.laws.gumbel_acceptance(target, draft)
             assert abs(float(accepted) - float(gumbel)) < 1e-12, name
         else:
             assert same(accepted, beta, exact), name

@@ -5,7 +5,9 @@ Notation: p = target, q = draft (Leviathan et al.). See ``docs/notation.md``.
 
 from __future__ import annotations
 
-from . import calculators, couplings, exact, gls, keyed, ops, pairs, schemes, watermark
+from typing import Any
+
+from . import calculators, exact, keyed, ops, pairs, schemes
 from .errors import InvalidDistribution, UnsupportedShape
 from .exact import (
     acceptance,
@@ -25,6 +27,19 @@ from .tree import DraftTree
 
 __version__ = "0.1.0"
 
+#: Public modules that moved into :mod:`specsampling.keyed`; importing them warns.
+_MOVED = {"couplings": "laws", "gls": "gls_law", "watermark": "watermark"}
+
+
+def __getattr__(name: str) -> Any:
+    """``ss.couplings``, ``ss.gls`` and ``ss.watermark`` still resolve, with a warning."""
+    if name in _MOVED:
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "SCHEMES",
     "DraftTree",
@@ -39,12 +54,10 @@ __all__ = [
     "__version__",
     "acceptance",
     "calculators",
-    "couplings",
     "exact",
     "expected_emitted",
     "generate",
     "get_scheme",
-    "gls",
     "keyed",
     "lossless_error",
     "lp_acceptance",
@@ -57,5 +70,4 @@ __all__ = [
     "schemes",
     "speculate",
     "stream_law",
-    "watermark",
 ]

@@ -3,7 +3,7 @@
 Two strengths (specs §C.4):
 
 * **strong** (``gumbel``, ``poisson``, ``gls_strong``): with a fixed key the emitted stream is
-  seeded target-only decoding (:func:`~specsampling.couplings.decode`), bit for bit, for every
+  seeded target-only decoding (:func:`~specsampling.keyed.laws.decode`), bit for bit, for every
   drafter, the perfect one and a wrong one included, with position-keyed and context-keyed
   (watermark) noise alike;
 * **conditional** (``gls``): the output may depend on the draft *tokens*, never on the draft
@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from ._types import Prefix, Probs
-from .couplings import decode
 from .keyed import KeyedNoise
+from .keyed.laws import decode
 from .pairs import ModelPair, Random, Swapped
 from .sampling import generate
 from .shapes import Shape

@@ -104,7 +104,7 @@ def generate(
     keyed by absolute position, or with ``window=h`` by the hash of the previous ``h`` tokens
     (:class:`~specsampling.keyed.KeyedNoise`, prompt length ``len(prefix)``). For a fixed key
     the strong couplings (``gumbel``, ``poisson``, ``gls_strong``) emit the same tokens
-    whatever the draft model: :func:`specsampling.couplings.decode` of the target alone.
+    whatever the draft model: :func:`specsampling.keyed.laws.decode` of the target alone.
 
     >>> import numpy as np, specsampling as ss
     >>> pair = ss.pairs.Random(vocab_size=5, seed=0)

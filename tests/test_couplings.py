@@ -18,7 +18,8 @@ from scipy import stats
 import specsampling as ss
 from proofs_tests.oracles import pooled_chi2, random_pairs
 from specsampling import keyed
-from specsampling.couplings import (
+from specsampling.keyed import KeyedNoise
+from specsampling.keyed.laws import (
     decode,
     gumbel_acceptance,
     gumbel_draft,
@@ -28,7 +29,6 @@ from specsampling.couplings import (
     poisson_acceptance_bound,
     poisson_list,
 )
-from specsampling.keyed import KeyedNoise
 from specsampling.pairs import Random, Swapped
 
 ALPHA = 1e-4

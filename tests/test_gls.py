@@ -26,9 +26,9 @@ import pytest
 
 import specsampling as ss
 from proofs_tests.oracles import pooled_chi2, random_pairs
-from specsampling.couplings import decode, gumbel_acceptance, gumbel_hits, keyed_select
-from specsampling.gls import gls_acceptance, list_matching_bound, match_law
 from specsampling.keyed import KeyedNoise
+from specsampling.keyed.gls_law import gls_acceptance, list_matching_bound, match_law
+from specsampling.keyed.laws import decode, gumbel_acceptance, gumbel_hits, keyed_select
 from specsampling.pairs import Random, Swapped
 from specsampling.schemes import Verdict
 

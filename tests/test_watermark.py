@@ -18,8 +18,8 @@ import specsampling as ss
 from proofs_tests.oracles import pooled_chi2
 from specsampling import keyed
 from specsampling.keyed import KeyedNoise
+from specsampling.keyed.watermark import detect, scored_positions
 from specsampling.pairs import Random, Stationary
-from specsampling.watermark import detect, scored_positions
 
 ALPHA = 1e-4
 Z_MAX = 4.5

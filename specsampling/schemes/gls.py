@@ -24,9 +24,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from .._types import Prefix, Probs
-from ..couplings import keyed_select
-from ..gls import gls_acceptance, match_law
 from ..keyed import KeyedNoise
+from ..keyed.gls_law import gls_acceptance, match_law
+from ..keyed.laws import keyed_select
 from ..ops import support
 from ..pairs import ModelPair
 from ..shapes import Shape

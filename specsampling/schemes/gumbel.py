@@ -32,8 +32,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from .._types import Prefix, Probs
-from ..couplings import gumbel_acceptance, gumbel_hits, keyed_select, poisson_hits
 from ..keyed import KeyedNoise
+from ..keyed.laws import gumbel_acceptance, gumbel_hits, keyed_select, poisson_hits
 from ..ops import support
 from ..pairs import ModelPair
 from ..shapes import Shape

@@ -1,0 +1,313 @@
+"""Gumbel and Poisson list couplings on keyed exponentials: drafter-invariant decoding.
+
+Per position ``t`` both parties read the same keyed exponentials ``E_z``
+(:mod:`specsampling.keyed.field`).
+
+* **Gumbel** (Daliri, Musco, Suresh, arXiv 2408.07978): draft ``X = argmin_z E_z / q_z``,
+  target ``Y = argmin_z E_z / p_z``. Each is exactly distributed as its own law (the
+  exponential race), and the output is ``Y``, a function of (key, target) alone.
+* **Poisson list** (C-I in ``specs/residual-diffusion-poisson.md`` §C.3): the drafter's list is
+  its ``L`` first arrivals, the ``L`` smallest ``E_z / q_z`` (Gumbel-top-L, an exact sample of
+  size ``L`` from ``q`` without replacement). The target accepts iff ``Y`` is in the list; the
+  output is always ``Y``, so the emitted stream equals seeded target-only decoding bit for bit.
+
+Acceptance, with ``r_i = (q_i p_j / q_j - p_i)_+``:
+
+.. math::
+
+    P(\\mathrm{acc}) = \\sum_j p_j \\int_0^\\infty e^{-x}
+        P[\\mathrm{PoissonBinomial}(1 - e^{-x r}) \\le L - 1] \\, dx,
+    \\qquad
+    P_{L=1} = \\sum_j 1 \\Big/ \\sum_i \\max(p_i / p_j, q_i / q_j).
+
+Proof idea: given ``Y = j`` with ``s = E_j / p_j``, the law of ``s`` is ``p_j e^{-s}`` and the
+other ``E_i`` are ``p_i s + Exp(1)``, independent; token ``i`` beats ``j`` in the drafter's race
+iff its extra ``Exp(1)`` is below ``s r_i``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .._types import Prefix
+from ..errors import InvalidDistribution
+from ..validation import check_distribution, check_positive_int
+from .field import KeyedNoise
+
+Floats = npt.NDArray[np.float64]
+
+
+def as_floats(probs: Any, name: str, vocab_size: int | None = None) -> Floats:
+    """A validated distribution (:func:`~specsampling.validation.check_distribution`), float64."""
+    out: Floats = np.asarray(check_distribution(probs, name, vocab_size), dtype=np.float64)
+    return out
+
+
+def _scores(probs: Floats, exps: Any) -> Floats:
+    """Log-domain race scores ``log E - log p``; ``+inf`` where ``p = 0`` (never selected)."""
+    e = np.asarray(exps, dtype=np.float64)
+    if e.shape[-1:] != probs.shape or np.any(np.isnan(e)) or np.any(e < 0):
+        raise InvalidDistribution(
+            f"exponentials: expected non-negative values of shape (..., {probs.shape[0]})"
+        )
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scores: Floats = np.log(e) - np.log(probs)
+    scores[..., probs == 0] = np.inf
+    return scores
+
+
+def gumbel_target(target_probs: Any, exps: Any) -> Any:
+    """The target's keyed selection ``argmin_{p_z > 0} E_z / p_z`` (ties: lowest index).
+
+    Parameters
+    ----------
+    target_probs : array_like, shape (vocab_size,)
+    exps : array_like, shape (..., vocab_size)
+        Exponentials, e.g. :func:`specsampling.keyed.exponentials`.
+
+    Returns
+    -------
+    int, or ndarray of int with shape (...)
+
+    >>> gumbel_target([0.0, 0.5, 0.5], [0.0, 0.2, 0.1])
+    2
+    """
+    probs = as_floats(target_probs, "target")
+    out = np.argmin(_scores(probs, exps), axis=-1)
+    return int(out) if out.ndim == 0 else out
+
+
+def gumbel_draft(draft_probs: Any, exps: Any) -> Any:
+    """The drafter's keyed selection ``argmin_{q_z > 0} E_z / q_z`` (same race, its own law).
+
+    >>> gumbel_draft([0.5, 0.5, 0.0], [0.3, 0.2, 0.0])
+    1
+    """
+    probs = as_floats(draft_probs, "draft")
+    out = np.argmin(_scores(probs, exps), axis=-1)
+    return int(out) if out.ndim == 0 else out
+
+
+def poisson_list(draft_probs: Any, exps: Any, list_size: int) -> tuple[int, ...]:
+    """The drafter's ``list_size`` first arrivals: Gumbel-top-L, in arrival order.
+
+    Tokens with ``q = 0`` never arrive, so the list is shorter when the support is.
+
+    >>> poisson_list([0.25, 0.25, 0.5, 0.0], [0.3, 0.2, 0.4, 0.0], 3)
+    (1, 2, 0)
+    """
+    probs = as_floats(draft_probs, "draft")
+    size = check_positive_int(list_size, "list_size")
+    scores = _scores(probs, exps)
+    if scores.ndim != 1:
+        raise InvalidDistribution("exponentials: poisson_list takes one position, shape (V,)")
+    order = np.argsort(scores, kind="stable")[: min(size, int(np.count_nonzero(probs)))]
+    return tuple(int(t) for t in order)
+
+
+def gumbel_hits(target_probs: Any, draft_probs: Any) -> Any:
+    r"""``c_j = P(X = Y = j)`` of the single-draft Gumbel coupling, per token.
+
+    .. math:: c_j = p_j \Big/ \sum_i \max(p_i,\ q_i p_j / q_j)
+
+    and ``c_j = 0`` where ``p_j q_j = 0``.
+
+    Rational: ``Fraction`` inputs give exact values (the exact engine's Gumbel round law). Float
+    inputs are blocked over ``j`` so memory stays ``O(V)`` per block.
+
+    >>> from fractions import Fraction as F
+    >>> gumbel_hits([F(1, 2), F(1, 2)], [F(1, 4), F(3, 4)]).tolist()
+    [Fraction(1, 4), Fraction(1, 2)]
+    """
+    p = check_distribution(target_probs, "target")
+    q = check_distribution(draft_probs, "draft", p.shape[0])
+    if p.dtype == object:
+        hits = np.array([0 * p[0]] * p.shape[0], dtype=object)
+        for token in range(p.shape[0]):
+            if p[token] > 0 and q[token] > 0:
+                scale = p[token] / q[token]
+                spread = sum(max(pi, qi * scale) for pi, qi in zip(p, q, strict=True))
+                hits[token] = p[token] / spread
+        return hits
+    out: Floats = np.zeros(p.shape[0])
+    both = np.flatnonzero((p > 0) & (q > 0))
+    block = max(1, 2**22 // p.shape[0])
+    for start in range(0, both.shape[0], block):
+        j = both[start : start + block]
+        # p_j * sum_i max(p_i / p_j, q_i / q_j) = sum_i max(p_i, q_i * (p_j / q_j)): no overflow.
+        denom = np.maximum(p[None, :], q[None, :] * (p[j] / q[j])[:, None]).sum(axis=1)
+        out[j] = np.minimum(p[j] / denom, p[j])
+    return out
+
+
+def gumbel_acceptance(target_probs: Any, draft_probs: Any) -> Any:
+    r"""Exact ``P(X = Y)`` of the single-draft Gumbel coupling: the sum of :func:`gumbel_hits`.
+
+    .. math:: \sum_{j:\, p_j q_j > 0} 1 \Big/ \sum_i \max(p_i / p_j,\ q_i / q_j)
+
+    >>> round(gumbel_acceptance([0.5, 0.5], [0.5, 0.5]), 12)
+    1.0
+    """
+    hits = gumbel_hits(target_probs, draft_probs)
+    return hits.sum() if hits.dtype == object else float(hits.sum())
+
+
+def log_grid(low: float, high: float, step: float) -> tuple[Floats, Floats]:
+    """Points ``x = exp(y)`` for ``y`` in ``[low, high]`` spaced by ``step``, and weights with
+    ``weights @ f(x) ~ int f(x) dx``: the trapezoid rule in ``y`` (Jacobian ``x`` included).
+
+    For integrands over ``(0, inf)`` that decay fast at both ends of ``log x``; used by the
+    Poisson and GLS laws.
+
+    >>> x, weights = log_grid(-40.0, np.log(40.0), 0.05)
+    >>> round(float(np.exp(-x) @ weights), 12)  # int_0^inf e^-x dx
+    1.0
+    """
+    y = np.arange(low, high + step, step)
+    x: Floats = np.exp(y)
+    weights: Floats = np.full(y.shape[0], step) * x
+    weights[[0, -1]] /= 2
+    return x, weights
+
+
+def poisson_hits(
+    target_probs: Any, draft_probs: Any, list_size: int, *, step: float = 0.05
+) -> Floats:
+    """``P(Y = j, j in the drafter's list)`` of the Poisson list coupling, per token.
+
+    The integral of the module docstring, per token ``j``, taken in ``y = log x`` by the
+    trapezoid rule with spacing ``step``; the integrand is analytic and decays doubly
+    exponentially at both ends, so the rule converges geometrically (``step = 0.05`` is
+    accurate to rounding). The grid for token ``j`` starts far below ``1 / (1 + sum_i r_i)``,
+    the smallest scale on which the integrand moves, so tiny probabilities lose no mass.
+    Poisson-binomial tails use a truncated recursion on ``1 - pi = exp(-x r)`` and
+    ``pi = -expm1(-x r)``, with no cancellation. Each value is clipped to ``[0, p_j]``.
+
+    >>> p, q = [0.5, 0.3, 0.2], [0.2, 0.3, 0.5]
+    >>> bool(np.allclose(poisson_hits(p, q, 1), gumbel_hits(p, q), rtol=0, atol=1e-13))
+    True
+    """
+    p = as_floats(target_probs, "target")
+    q = as_floats(draft_probs, "draft", p.shape[0])
+    size = check_positive_int(list_size, "list_size")
+    out: Floats = np.zeros(p.shape[0])
+    for j in np.flatnonzero((p > 0) & (q > 0)):
+        rates = np.maximum(q * (p[j] / q[j]) - p, 0.0)
+        rates[j] = 0.0
+        rates = rates[rates > 0]
+        if rates.shape[0] < size:
+            out[j] = p[j]
+            continue
+        x, weights = log_grid(-np.log1p(float(rates.sum())) - 40.0, np.log(40.0), step)
+        tail = np.zeros((size, x.shape[0]))  # tail[k] = P[k of the tokens seen so far beat j]
+        tail[0] = 1.0
+        for rate in rates:
+            stay = np.exp(-x * rate)
+            move = -np.expm1(-x * rate)
+            tail[1:] = tail[1:] * stay + tail[:-1] * move
+            tail[0] = tail[0] * stay
+        integral = float((np.exp(-x) * tail.sum(axis=0)) @ weights)
+        out[j] = p[j] * min(max(integral, 0.0), 1.0)
+    return out
+
+
+def poisson_acceptance(
+    target_probs: Any, draft_probs: Any, list_size: int, *, step: float = 0.05
+) -> float:
+    """Exact ``P(Y in list)`` of the Poisson list coupling: the sum of :func:`poisson_hits`.
+
+    >>> p, q = [0.5, 0.3, 0.2], [0.2, 0.3, 0.5]
+    >>> abs(poisson_acceptance(p, q, 1) - gumbel_acceptance(p, q)) < 1e-12
+    True
+    """
+    return min(float(poisson_hits(target_probs, draft_probs, list_size, step=step).sum()), 1.0)
+
+
+def poisson_acceptance_bound(target_probs: Any, draft_probs: Any, list_size: int) -> float:
+    """Candidate lower bound ``sum_j p_j L q_j / (L q_j + p_j)`` (the PML bound at ``L = 1``).
+
+    Not proven (§C.3); the tests hold it as an inequality only.
+
+    >>> round(poisson_acceptance_bound([0.5, 0.3, 0.2], [0.2, 0.3, 0.5], 1), 6)
+    0.435714
+    """
+    p = as_floats(target_probs, "target")
+    q = as_floats(draft_probs, "draft", p.shape[0])
+    size = check_positive_int(list_size, "list_size")
+    keep = p > 0
+    return float(np.sum(p[keep] * size * q[keep] / (size * q[keep] + p[keep])))
+
+
+def keyed_select(target_probs: Any, exps: Any) -> int:
+    """The target's keyed selection over rows: ``argmin_i min_k E[k, i] / p_i``.
+
+    With one row this is :func:`gumbel_target`; with ``K`` rows ``min_k E[k, i]`` is
+    ``Exp(K)``, so the selection is still an exact draw from ``p`` (GLS). Ties: lowest index.
+
+    >>> keyed_select([0.5, 0.5], [[0.3, 0.2], [0.1, 0.9]])
+    0
+    """
+    probs = as_floats(target_probs, "target")
+    scores = _scores(probs, exps)
+    return int(np.argmin(scores.reshape(-1, probs.shape[0]).min(axis=0)))
+
+
+def decode(
+    pair: Any, length: int, noise: KeyedNoise | int, *, rows: int = 1, prefix: Prefix = ()
+) -> tuple[int, ...]:
+    """Seeded target-only decoding: each token is the target's keyed selection.
+
+    This is what the strong drafter-invariant couplings (``gumbel``, ``poisson``,
+    ``gls_strong``) emit, whatever the drafter: ``ss.generate(..., key=key)`` equals
+    ``decode(pair, length, key, rows=...)`` token for token. Only ``pair.target`` is read, so a
+    target-only model works (no drafter at all).
+
+    Parameters
+    ----------
+    pair : ModelPair or any object with ``vocab_size`` and ``target(prefix)``
+    length : int
+        Tokens to emit.
+    noise : KeyedNoise or int
+        The keyed noise, or a key (position-keyed, prompt length ``len(prefix)``).
+    rows : int
+        Rows of exponentials per position (``K`` for GLS; ``1`` for Gumbel and Poisson).
+    prefix : tuple of int
+        The prompt.
+
+    Examples
+    --------
+    >>> import numpy as np, specsampling as ss
+    >>> pair = ss.pairs.Random(6, seed=2)
+    >>> stream = ss.generate("gumbel", pair, ss.Shape.chain(3), 12, np.random.default_rng(0), key=4)
+    >>> stream == decode(pair, 12, 4)
+    True
+    """
+    count = check_positive_int(length, "length", minimum=0)
+    size = check_positive_int(rows, "rows")
+    sequence: Prefix = tuple(int(t) for t in prefix)
+    if not isinstance(noise, KeyedNoise):
+        noise = KeyedNoise(noise, start=len(sequence))
+    start = len(sequence)
+    for _ in range(count):
+        exps = noise.exponentials(sequence, size, pair.vocab_size)
+        sequence = (*sequence, keyed_select(pair.target(sequence), exps))
+    return sequence[start:]
+
+
+__all__ = [
+    "as_floats",
+    "decode",
+    "gumbel_acceptance",
+    "gumbel_draft",
+    "gumbel_hits",
+    "gumbel_target",
+    "keyed_select",
+    "log_grid",
+    "poisson_acceptance",
+    "poisson_acceptance_bound",
+    "poisson_hits",
+    "poisson_list",
+]
