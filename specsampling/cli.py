@@ -9,7 +9,9 @@ expected emitted tokens on a tree). Usage errors exit with ``2``.
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import math
 import sys
 import time
 from collections.abc import Sequence
@@ -24,7 +26,9 @@ from .certify import Report, SchemeReport, certify, exit_code
 from .compare import Comparison, TreeRow, compare, compare_tree, parse_shape
 from .errors import InvalidDistribution, UnsupportedShape
 from .pairs import ModelPair, Random, Stationary
+from .processing import process
 from .schemes import SCHEMES
+from .validation import MASS_TOLERANCE
 
 #: Violations printed per scheme before the rest is summarised.
 MAX_LISTED = 5
@@ -38,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     parser = _parser()
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(_join_negative_lists(sys.argv[1:] if argv is None else argv))
     except SystemExit as stop:  # argparse: --help, --version and usage errors
         return stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 2
     if args.command == "certify":
@@ -51,8 +55,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (ValueError, KeyError, OSError) as err:
             sys.stderr.write(f"specsampling compare: {err}\n")
             return 2
+        except Exception as err:  # a command line never ends in a traceback
+            sys.stderr.write(
+                f"specsampling compare: error: the computation failed with "
+                f"{type(err).__name__}: {err} (please report this with the command line)\n"
+            )
+            return 2
     parser.print_usage(sys.stderr)
     return 2
+
+
+#: Options whose value may start with "-" (negative numbers, "-inf" logits).
+_LIST_OPTIONS = ("--target", "--draft")
+
+
+def _join_negative_lists(argv: Sequence[str]) -> list[str]:
+    """``--target -1,2`` as ``--target=-1,2``: argparse would read ``-1,2`` as an option."""
+    out: list[str] = []
+    items = list(argv)
+    i = 0
+    while i < len(items):
+        item = items[i]
+        value = items[i + 1] if i + 1 < len(items) else ""
+        if item in _LIST_OPTIONS and value[:1] == "-" and value[1:2] in set("0123456789.i"):
+            out.append(f"{item}={value}")
+            i += 2
+            continue
+        out.append(item)
+        i += 1
+    return out
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -87,23 +118,74 @@ def _parser() -> argparse.ArgumentParser:
             "Single position (default): every scheme's exact acceptance P(Y in drafts) under its "
             "own draft law, the LP optimum for that law and the gap. With --shape: every "
             "scheme's exact expected emitted tokens E[tau+1] on that draft shape, for the "
-            "stationary pair (--target, --draft) or a seeded random pair (--random V,SEED)."
+            "stationary pair (--target, --draft, or --file) or a seeded random pair "
+            "(--random V,SEED). With --logits the given rows are logits, turned into the "
+            "sampled probabilities by specsampling.process (--temperature, --top-k, --top-p), "
+            "the same processing for target and draft."
         ),
         epilog=(
             "examples: specsampling compare --target 0.5,0.3,0.2 --draft 0.2,0.3,0.5 -k 2; "
-            "specsampling compare --target 1/3,2/3 --draft 2/3,1/3 --shape 'chain(2)'"
+            "specsampling compare --target 1/3,2/3 --draft 2/3,1/3 --shape 'chain(2)'; "
+            "specsampling compare --logits --target 2,1,0 --draft 0,1,2 --temperature 0.7 "
+            "--top-k 2; specsampling compare --file bf16_probs.npy --tolerance 1e-2"
         ),
     )
-    cmp.add_argument("--target", metavar="P", help="comma-separated probabilities (a/b exact)")
-    cmp.add_argument("--draft", metavar="Q", help="comma-separated probabilities (a/b exact)")
+    cmp.add_argument(
+        "--target",
+        metavar="P",
+        help="comma-separated probabilities (if any entry has a '/', all are exact fractions)",
+    )
+    cmp.add_argument("--draft", metavar="Q", help="comma-separated probabilities, like --target")
     cmp.add_argument(
         "--file",
         type=Path,
-        help='JSON {"target": [...], "draft": [...]} or .npy array of shape (2, vocab_size)',
+        help='JSON {"target": [...], "draft": [...]} or a .npy array of shape (2, vocab_size) '
+        "(row 0 the target, row 1 the draft); the format is read from the content",
     )
-    cmp.add_argument("-k", "--num-drafts", type=int, default=2, help="drafts (default 2)")
+    cmp.add_argument(
+        "-k",
+        "--num-drafts",
+        type=int,
+        default=None,
+        metavar="K",
+        help="drafts at the position (default 2; single-position mode only: a shape fixes "
+        "its own drafts)",
+    )
     cmp.add_argument("--shape", help="a draft shape, e.g. 'paths(2, 2)': compare on a tree")
-    cmp.add_argument("--random", metavar="V,SEED", help="tree mode: a seeded random pair")
+    cmp.add_argument(
+        "--random",
+        metavar="V,SEED",
+        help="tree mode: a seeded random pair instead of --target/--draft/--file",
+    )
+    cmp.add_argument(
+        "--tolerance",
+        type=_tolerance,
+        metavar="TOL",
+        help=f"accepted |mass - 1| of float probabilities (default {MASS_TOLERANCE:g}); raise it, "
+        "e.g. to 1e-2, for probabilities computed in float32/fp16/bf16, which are then "
+        "renormalised",
+    )
+    cmp.add_argument(
+        "--logits",
+        action="store_true",
+        help="read the target and draft rows as logits (floats, -inf bans a token) and turn "
+        "them into probabilities with --temperature, --top-k, --top-p",
+    )
+    cmp.add_argument(
+        "--temperature",
+        type=float,
+        metavar="T",
+        help="with --logits: softmax temperature (default 1; 0 is greedy, a one-hot argmax)",
+    )
+    cmp.add_argument(
+        "--top-k", type=int, metavar="K", help="with --logits: keep the K most probable tokens"
+    )
+    cmp.add_argument(
+        "--top-p",
+        type=float,
+        metavar="P",
+        help="with --logits: keep the smallest set of most probable tokens with mass >= P",
+    )
     cmp.add_argument("--json", action="store_true", help="print machine-readable results")
     return parser
 
@@ -129,49 +211,169 @@ def _certify(names: list[str] | None, *, as_json: bool, show_progress: bool) -> 
     return exit_code(report)
 
 
+def _tolerance(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
 def _compare(args: argparse.Namespace) -> int:
+    _check_options(args)
+    tolerance = MASS_TOLERANCE if args.tolerance is None else args.tolerance
     if args.shape is not None:
         shape = parse_shape(args.shape)
-        pair = _random_pair(args.random) if args.random else Stationary(*_distributions(args))
+        if args.random:
+            pair = _random_pair(args.random)
+        else:
+            pair = Stationary(*_distributions(args), tolerance=tolerance)
         try:
             rows = compare_tree(pair, shape)
         except UnsupportedShape as err:  # pragma: no cover - compare_tree checks support first
             raise ValueError(str(err)) from None
         _emit_tree(rows, pair, args.shape, as_json=args.json)
         return 0
-    if args.random:
-        raise ValueError("--random needs --shape (tree mode)")
     target, draft = _distributions(args)
-    _emit_single(compare(target, draft, args.num_drafts), as_json=args.json)
+    k = 2 if args.num_drafts is None else args.num_drafts
+    _emit_single(compare(target, draft, k, tolerance=tolerance), as_json=args.json)
     return 0
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    """Refuse options that would be silently ignored."""
+    if args.random:
+        given = [
+            option
+            for option, value in (
+                ("--target", args.target),
+                ("--draft", args.draft),
+                ("--file", args.file),
+                ("--logits", args.logits),
+                ("--tolerance", args.tolerance),
+            )
+            if value
+        ]
+        if given:
+            raise ValueError(
+                f"--random draws its own pair: give either --random or {'/'.join(given)}, not both"
+            )
+        if args.shape is None:
+            raise ValueError("--random needs --shape (tree mode)")
+    if args.shape is not None and args.num_drafts is not None:
+        raise ValueError(
+            "-k/--num-drafts is for single-position mode; with --shape the shape fixes the "
+            "drafts (e.g. 'star(3)' for 3 drafts)"
+        )
+    sampling = [
+        option
+        for option, value in (
+            ("--temperature", args.temperature),
+            ("--top-k", args.top_k),
+            ("--top-p", args.top_p),
+        )
+        if value is not None
+    ]
+    if sampling and not args.logits:
+        raise ValueError(
+            f"{', '.join(sampling)} processes logits: add --logits (the --target/--draft/--file "
+            "rows are then read as logits)"
+        )
+    if args.logits and args.tolerance is not None:
+        raise ValueError(
+            "--tolerance is for given probabilities; with --logits the processed rows sum to 1"
+        )
 
 
 def _distributions(args: argparse.Namespace) -> tuple[Any, Any]:
     if args.file is not None:
         if args.target or args.draft:
             raise ValueError("give either --file or --target/--draft, not both")
-        if args.file.suffix == ".npy":
-            data = np.load(args.file)
-            if data.ndim != 2 or data.shape[0] != 2:
-                raise InvalidDistribution(
-                    f"--file: expected shape (2, vocab_size), got {data.shape}"
-                )
-            return data[0], data[1]
-        content = json.loads(args.file.read_text())
-        if not isinstance(content, dict) or not {"target", "draft"} <= set(content):
-            raise ValueError('--file: expected a JSON object {"target": [...], "draft": [...]}')
-        return content["target"], content["draft"]
-    if not args.target or not args.draft:
-        raise ValueError("give --target and --draft (comma-separated), or --file")
-    exact = "/" in args.target + args.draft
-    return _numbers(args.target, "--target", exact), _numbers(args.draft, "--draft", exact)
+        target, draft = _read_file(args.file)
+    else:
+        if not args.target or not args.draft:
+            raise ValueError("give --target and --draft (comma-separated), or --file")
+        exact = not args.logits and "/" in args.target + args.draft
+        target = _numbers(args.target, "--target", exact)
+        draft = _numbers(args.draft, "--draft", exact)
+    if not args.logits:
+        return target, draft
+    temperature = 1.0 if args.temperature is None else args.temperature
+    try:  # the sampling options first, so that their errors name the options
+        process([0.0], temperature, args.top_k, args.top_p)
+    except ValueError as err:
+        option, _, reason = str(err).replace(" or None", "").partition(": ")
+        raise ValueError(f"--{option.replace('_', '-')}: {reason}") from None
+    rows = []
+    for name, logits in (("target", target), ("draft", draft)):
+        try:
+            rows.append(process(logits, temperature, args.top_k, args.top_p))
+        except ValueError as err:
+            raise ValueError(f"--logits ({name} row): {err}") from None
+    return rows[0], rows[1]
+
+
+#: The first bytes of every .npy file.
+_NPY_MAGIC = b"\x93NUMPY"
+
+
+def _read_file(path: Path) -> tuple[Any, Any]:
+    """Target and draft from a .npy array or a JSON object, told apart by the content."""
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise ValueError(f"--file: cannot read {path}: {err.strerror or err}") from None
+    if data.startswith(_NPY_MAGIC):
+        try:
+            array = np.load(io.BytesIO(data), allow_pickle=False)
+        except ValueError as err:
+            if "allow_pickle" in str(err):
+                raise ValueError(
+                    f"--file: {path} holds an object (pickled) array, which is never loaded; "
+                    "save numbers, e.g. np.save(path, np.array([target, draft], dtype=float))"
+                ) from None
+            raise ValueError(f"--file: cannot read {path} as a .npy array ({err})") from None
+        if array.ndim != 2 or array.shape[0] != 2:
+            raise InvalidDistribution(f"--file: expected shape (2, vocab_size), got {array.shape}")
+        return array[0], array[1]
+    if data.startswith(b"PK"):
+        raise ValueError(
+            f"--file: {path} is a zip archive (.npz?); save one array of shape (2, vocab_size) "
+            "with np.save, or write JSON"
+        )
+    not_npy = " is not a .npy array (no NumPy header) and" if path.suffix == ".npy" else ""
+    try:
+        content = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError(f"--file: {path}{not_npy or ' is'} not UTF-8 JSON") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"--file: {path}{not_npy or ' is'} not valid JSON ({err})") from None
+    if not isinstance(content, dict) or not {"target", "draft"} <= set(content):
+        raise ValueError('--file: expected a JSON object {"target": [...], "draft": [...]}')
+    unknown = sorted(set(content) - {"target", "draft"})
+    if unknown:
+        raise ValueError(
+            f"--file: unknown keys {unknown} in the JSON object; it holds only target and draft"
+        )
+    return content["target"], content["draft"]
 
 
 def _numbers(text: str, name: str, exact: bool) -> list[Any]:
-    try:
-        return [Fraction(part) if exact else float(part) for part in text.split(",")]
-    except ValueError:
-        raise ValueError(f"{name}: expected comma-separated numbers, got {text!r}") from None
+    values: list[Any] = []
+    for index, part in enumerate(text.split(",")):
+        try:
+            values.append(Fraction(part) if exact else float(part))
+        except ZeroDivisionError:
+            raise ValueError(f"{name}: entry {index} {part!r} divides by zero") from None
+        except ValueError:
+            kind = "an exact number (a/b or a decimal)" if exact else "a number"
+            raise ValueError(
+                f"{name}: expected comma-separated numbers, got {text!r} "
+                f"(entry {index} {part!r} is not {kind})"
+            ) from None
+    return values
 
 
 def _random_pair(text: str) -> ModelPair:
@@ -263,9 +465,10 @@ def format_report(report: Report) -> str:
     failed = [s.name for s in report.schemes if not s.certified]
     verdict = "all certified" if not failed else f"NOT certified: {', '.join(failed)}"
     lines.append("")
+    count = len(report.schemes)
     lines.append(
-        f"{len(report.schemes)} schemes, {cases} cases, tolerance {report.tolerance:g} "
-        f"(exact cases must be 0), {report.seconds:.1f} s: {verdict}"
+        f"{count} scheme{'s' if count != 1 else ''}, {cases} cases, tolerance "
+        f"{report.tolerance:g} (exact cases must be 0), {report.seconds:.1f} s: {verdict}"
     )
     return "\n".join(lines) + "\n"
 

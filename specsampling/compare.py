@@ -12,13 +12,13 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import UnsupportedShape
+from .errors import InvalidDistribution, UnsupportedShape
 from .exact import acceptance, expected_emitted
 from .optimal import lp_acceptance, optimal_acceptance
-from .pairs import ModelPair
+from .pairs import ModelPair, check_model_pair
 from .schemes import SCHEMES, get_scheme
 from .shapes import Shape
-from .validation import check_distribution, check_positive_int
+from .validation import MASS_TOLERANCE, check_pair, check_positive_int
 
 #: Largest vocabulary for which the LP over a scheme's own draft-tuple law is solved.
 MAX_LP_VOCAB = 8
@@ -56,27 +56,38 @@ class TreeRow:
     note: str = ""
 
 
-def compare(target: Any, draft: Any, num_drafts: int, schemes: Any = None) -> Comparison:
+def compare(
+    target: Any,
+    draft: Any,
+    num_drafts: int,
+    schemes: Any = None,
+    *,
+    tolerance: float = MASS_TOLERANCE,
+) -> Comparison:
     r"""Every scheme's single-position acceptance against the optimum for its draft law.
 
     The optimum is :func:`~specsampling.optimal.optimal_acceptance` for i.i.d. and
     without-replacement drafting; for schemes with their own draft law (greedy, hub) it is the
-    LP over that law's tuples, solved for vocabularies up to ``MAX_LP_VOCAB``.
+    LP over that law's tuples, solved for vocabularies up to ``MAX_LP_VOCAB``. ``schemes`` is a
+    list of names or scheme objects (default: every registered scheme); ``tolerance`` is the
+    float mass tolerance of :func:`~specsampling.validation.check_distribution`. A scheme whose
+    computation fails at this size (a refusal, an overflow, too deep a recursion) gets a row
+    with ``None`` values and the reason in ``note``.
 
     >>> cmp = compare([1/2, 1/3, 1/6], [1/3, 1/3, 1/3], 2)
     >>> row = next(r for r in cmp.rows if r.scheme == "specinfer")
     >>> round(row.acceptance, 6), row.optimum, round(row.gap, 6)
     (0.888889, 1.0, 0.111111)
     """
-    target = check_distribution(target, "target")
-    draft = check_distribution(draft, "draft", target.shape[0])
+    target, draft = check_pair(target, draft, tolerance=tolerance)
     k = check_positive_int(num_drafts, "num_drafts")
+    names = _scheme_list(schemes)
     optima = {
         "iid": float(optimal_acceptance(target, draft, k, replacement=True)),
         "without": float(optimal_acceptance(target, draft, k, replacement=False)),
     }
     rows = []
-    for name in SCHEMES if schemes is None else schemes:
+    for name in names:
         scheme = get_scheme(name)
         try:
             shape = scheme.single_shape(k)
@@ -90,8 +101,8 @@ def compare(target: Any, draft: Any, num_drafts: int, schemes: Any = None) -> Co
             continue
         try:
             value = float(acceptance(scheme, target, draft, k))
-        except ValueError as err:
-            rows.append(Row(scheme.name, law, None, optima.get(law), None, str(err)))
+        except (ValueError, ArithmeticError, RecursionError) as err:
+            rows.append(Row(scheme.name, law, None, optima.get(law), None, _failure(err, k)))
             continue
         optimum = optima.get(law)
         if optimum is None and target.shape[0] <= MAX_LP_VOCAB:
@@ -111,14 +122,48 @@ def compare_tree(pair: ModelPair, shape: Shape, schemes: Any = None) -> tuple[Tr
     ...  if r.expected_emitted is not None}["block"]
     2.2222
     """
+    check_model_pair(pair)
+    if not isinstance(shape, Shape):
+        hint = f"; parse text with parse_shape({shape!r})" if isinstance(shape, str) else ""
+        raise TypeError(
+            f"shape: expected a specsampling.Shape such as Shape.chain(2), "
+            f"got {type(shape).__name__}{hint}"
+        )
     rows = []
-    for name in SCHEMES if schemes is None else schemes:
+    for name in _scheme_list(schemes):
         scheme = get_scheme(name)
         if not scheme.supports(shape):
             rows.append(TreeRow(scheme.name, None, f"not exact for {shape!r}"))
             continue
-        rows.append(TreeRow(scheme.name, float(expected_emitted(scheme, pair, shape))))
+        try:
+            value = float(expected_emitted(scheme, pair, shape))
+        except InvalidDistribution:
+            raise  # the pair's rows are bad: every scheme would say so
+        except (ValueError, ArithmeticError, RecursionError) as err:
+            rows.append(TreeRow(scheme.name, None, _failure(err)))
+            continue
+        rows.append(TreeRow(scheme.name, value))
     return tuple(rows)
+
+
+def _scheme_list(schemes: Any) -> list[Any]:
+    """The schemes to compare: every registered one, or the given names and objects."""
+    if schemes is None:
+        return list(SCHEMES)
+    if isinstance(schemes, str) or not hasattr(schemes, "__iter__"):
+        raise TypeError(
+            f"schemes: expected a list of scheme names or objects, got {schemes!r}"
+            + (f"; write [{schemes!r}]" if isinstance(schemes, str) else "")
+        )
+    return list(schemes)
+
+
+def _failure(err: BaseException, num_drafts: int | None = None) -> str:
+    """A row's note for a computation that failed."""
+    if isinstance(err, ValueError):
+        return str(err)
+    where = "" if num_drafts is None else f" at num_drafts={num_drafts}"
+    return f"failed{where}: {type(err).__name__}: {err}"
 
 
 _SHAPE = re.compile(r"^\s*(chain|star|paths|branching|delayed|top|greedy|hub)\s*\((.*)\)\s*$")
@@ -130,6 +175,8 @@ def parse_shape(text: str) -> Shape:
     >>> parse_shape("delayed(2, trunk=1, branch=2)")
     delayed(2, trunk=1, branch=2)
     """
+    if not isinstance(text, str):
+        raise TypeError(f"shape: expected text such as 'chain(3)', got {type(text).__name__}")
     match = _SHAPE.match(text)
     if match is None:
         raise ValueError(

@@ -13,7 +13,14 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from ._types import Prefix, Probs
-from .validation import check_distribution, check_pair, check_positive_int
+from .validation import (
+    MASS_TOLERANCE,
+    check_distribution,
+    check_pair,
+    check_positive_int,
+    check_token,
+    is_exact,
+)
 
 
 @runtime_checkable
@@ -28,17 +35,64 @@ class ModelPair(Protocol):
     def draft(self, prefix: Prefix) -> Probs: ...
 
 
+def check_model_pair(pair: Any, name: str = "pair") -> ModelPair:
+    """Return ``pair`` if it is a model pair (``vocab_size``, ``target``, ``draft``), else raise.
+
+    Raises
+    ------
+    TypeError
+        Naming ``name`` and what was passed, with the constructor to use instead: a
+        ``(target, draft)`` tuple is :class:`Stationary`, a ``{prefix: (target, draft)}``
+        mapping is :class:`Table`.
+    ValueError
+        If its ``vocab_size`` is not an integer >= 1.
+
+    Examples
+    --------
+    >>> check_model_pair(([0.5, 0.5], [0.5, 0.5]))
+    Traceback (most recent call last):
+    ...
+    TypeError: pair: expected a model pair (vocab_size, target(prefix), draft(prefix)), got tuple; for one target and draft distribution use specsampling.pairs.Stationary(target, draft)
+    """  # noqa: E501
+    if isinstance(pair, type) or not isinstance(pair, ModelPair):
+        if isinstance(pair, type):
+            got, hint = f"the class {pair.__name__}", "create an instance first"
+        elif isinstance(pair, Mapping):
+            got = type(pair).__name__
+            hint = (
+                "for distributions listed per prefix use "
+                "specsampling.pairs.Table({prefix: (target, draft), ...})"
+            )
+        else:
+            got = type(pair).__name__
+            hint = (
+                "for one target and draft distribution use "
+                "specsampling.pairs.Stationary(target, draft)"
+            )
+        raise TypeError(
+            f"{name}: expected a model pair (vocab_size, target(prefix), draft(prefix)), "
+            f"got {got}; {hint}"
+        )
+    check_positive_int(pair.vocab_size, f"{name}.vocab_size")
+    return pair
+
+
 class Stationary:
     """The same target and draft distribution after every prefix.
+
+    ``tolerance`` is the float mass tolerance (default ``1e-6``); raise it for probabilities
+    computed in low precision (float32, fp16, bf16), which are then renormalised in float64.
 
     >>> from fractions import Fraction as F
     >>> pair = Stationary([F(1, 3), F(2, 3)], [F(2, 3), F(1, 3)])
     >>> pair.vocab_size, pair.target((1, 0))[1]
     (2, Fraction(2, 3))
+    >>> float(Stationary([0.5, 0.5007], [0.5, 0.5], tolerance=1e-2).target(()).sum())
+    1.0
     """
 
-    def __init__(self, target: Any, draft: Any) -> None:
-        self._target, self._draft = check_pair(target, draft)
+    def __init__(self, target: Any, draft: Any, *, tolerance: float = MASS_TOLERANCE) -> None:
+        self._target, self._draft = check_pair(target, draft, tolerance=tolerance)
 
     @property
     def vocab_size(self) -> int:
@@ -57,23 +111,57 @@ class Stationary:
 class Table:
     """Distributions listed per prefix: ``{prefix: (target, draft)}``.
 
-    A prefix missing from the table raises ``KeyError`` naming it.
+    Prefixes are tuples of token ids in ``[0, vocab_size)``; every row is validated (all exact
+    or all float, one vocabulary; ``tolerance`` as in :class:`Stationary`). A prefix missing
+    from the table raises ``KeyError`` naming it.
 
     >>> pair = Table({(): ([1.0, 0.0], [0.5, 0.5]), (0,): ([0.5, 0.5], [0.5, 0.5])})
     >>> pair.draft((0,))
     array([0.5, 0.5])
     """
 
-    def __init__(self, mapping: Mapping[Prefix, tuple[Any, Any]]) -> None:
+    def __init__(
+        self, mapping: Mapping[Prefix, tuple[Any, Any]], *, tolerance: float = MASS_TOLERANCE
+    ) -> None:
+        if not isinstance(mapping, Mapping):
+            raise TypeError(
+                "mapping: expected a dict {prefix: (target, draft)}, "
+                f"got {type(mapping).__name__}"
+            )
         if not mapping:
             raise ValueError("mapping: needs at least one prefix")
         self._rows: dict[Prefix, tuple[Probs, Probs]] = {}
         size: int | None = None
-        for prefix, (target, draft) in mapping.items():
-            key = tuple(int(t) for t in prefix)
-            t = check_distribution(target, f"mapping[{key}].target", size)
+        exact: bool | None = None
+        for prefix, rows in mapping.items():
+            if not isinstance(prefix, (tuple, list)):
+                raise TypeError(
+                    f"mapping: keys are prefixes, tuples of token ids such as () or (0, 2), "
+                    f"got {type(prefix).__name__} {prefix!r}"
+                )
+            if not isinstance(rows, (tuple, list)) or len(rows) != 2:
+                raise ValueError(
+                    f"mapping[{tuple(prefix)!r}]: expected a (target, draft) pair of "
+                    f"distributions, got {type(rows).__name__}"
+                    + (f" of length {len(rows)}" if isinstance(rows, (tuple, list)) else "")
+                )
+            target, draft = rows
+            if np.ndim(target) == 0 and np.ndim(draft) == 0:
+                raise ValueError(
+                    f"mapping[{tuple(prefix)!r}]: expected a (target, draft) pair of "
+                    f"distributions, got two numbers {rows!r}"
+                )
+            label = f"mapping[{tuple(prefix)!r}]"
+            t = check_distribution(target, f"{label}.target", size, tolerance=tolerance)
             size = int(t.shape[0])
-            d = check_distribution(draft, f"mapping[{key}].draft", size)
+            d = check_distribution(draft, f"{label}.draft", size, tolerance=tolerance)
+            key = tuple(check_token(token, f"{label}: prefix token", size) for token in prefix)
+            if exact is None:
+                exact = is_exact(t)
+            if is_exact(t) != exact or is_exact(d) != exact:
+                raise ValueError(
+                    f"{label}: every row both exact (Fraction) or every row float, not mixed"
+                )
             self._rows[key] = (t, d)
         assert size is not None
         self._vocab_size = size
@@ -112,6 +200,8 @@ class Random:
     def __init__(self, vocab_size: int, seed: int = 0, *, exact: bool = False) -> None:
         self._vocab_size = check_positive_int(vocab_size, "vocab_size", minimum=2)
         self._seed = check_positive_int(seed, "seed", minimum=0)
+        if not isinstance(exact, (bool, np.bool_)):
+            raise TypeError(f"exact: expected True or False, got {exact!r}")
         self._exact = bool(exact)
         self._cache: dict[Prefix, tuple[Probs, Probs]] = {}
 
@@ -177,9 +267,9 @@ class Swapped:
     """
 
     def __init__(self, target_from: ModelPair, draft_from: ModelPair | None = None) -> None:
-        for name, pair in (("target_from", target_from), ("draft_from", draft_from)):
-            if pair is not None and not isinstance(pair, ModelPair):
-                raise TypeError(f"{name}: expected a model pair, got {type(pair).__name__}")
+        check_model_pair(target_from, "target_from")
+        if draft_from is not None:
+            check_model_pair(draft_from, "draft_from")
         if draft_from is not None and draft_from.vocab_size != target_from.vocab_size:
             raise ValueError(
                 f"draft_from: vocabulary {draft_from.vocab_size} != {target_from.vocab_size}"

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
+from numbers import Integral, Real
 from typing import Any
 
 import numpy as np
 
 from ._types import Probs
 from .errors import InvalidDistribution
+from .validation import as_real_array
 
 
 def process(
@@ -40,22 +43,27 @@ def process(
     ...
     specsampling.errors.InvalidDistribution: logits: NaN or +inf entries
     """
-    arr = np.asarray(logits, dtype=np.float64)
+    arr = as_real_array(logits, "logits")[0].astype(np.float64, copy=False)
     if arr.ndim == 0 or arr.shape[-1] == 0:
         raise InvalidDistribution(f"logits: expected shape (..., vocab_size), got {arr.shape}")
     if np.isnan(arr).any() or np.isposinf(arr).any():
         raise InvalidDistribution("logits: NaN or +inf entries")
     if np.isneginf(arr).all(axis=-1).any():
         raise InvalidDistribution("logits: a row has every entry -inf")
-    if isinstance(temperature, bool) or not (np.isfinite(temperature) and temperature >= 0):
-        raise ValueError(f"temperature: expected a finite number >= 0, got {temperature}")
+    given = temperature
+    temperature = _real(temperature, "temperature", "a finite number >= 0")
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"temperature: expected a finite number >= 0, got {given!r}")
     vocab_size = arr.shape[-1]
-    if top_k is not None and (
-        isinstance(top_k, bool) or not 1 <= int(top_k) or top_k != int(top_k)
-    ):
-        raise ValueError(f"top_k: expected an integer >= 1, got {top_k}")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise ValueError(f"top_p: expected 0 < top_p <= 1, got {top_p}")
+    if top_k is not None:
+        top_k = _count(top_k)
+    if top_p is not None:
+        given = top_p
+        top_p = _real(top_p, "top_p", "a number with 0 < top_p <= 1, or None")
+        if not 0 < top_p <= 1:
+            raise ValueError(
+                f"top_p: expected a number with 0 < top_p <= 1, or None, got {given!r}"
+            )
 
     if temperature == 0:
         probs = np.zeros_like(arr)
@@ -70,7 +78,7 @@ def process(
     ranked = np.take_along_axis(probs, order, axis=-1)
     keep = np.ones_like(ranked, dtype=bool)
     if top_k is not None and top_k < vocab_size:
-        keep[..., int(top_k) :] = False
+        keep[..., top_k:] = False
     if top_p is not None and top_p < 1:
         kept = np.where(keep, ranked, 0.0)
         mass_before = np.cumsum(kept, axis=-1) - kept
@@ -80,3 +88,25 @@ def process(
     probs = np.where(mask, probs, 0.0)
     out: Probs = probs / probs.sum(axis=-1, keepdims=True)
     return out
+
+
+def _real(value: Any, name: str, expected: str) -> float:
+    """``value`` as a float if it is a real number (not a bool, string or array), else raise."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, Real):
+        raise ValueError(f"{name}: expected {expected}, got {type(value).__name__} {value!r}")
+    return float(value)
+
+
+def _count(top_k: Any) -> int:
+    """``top_k`` as an int: an integer (or an integral float) >= 1."""
+    expected = "an integer >= 1 or None"
+    if isinstance(top_k, Integral) and not isinstance(top_k, (bool, np.bool_)):
+        value = int(top_k)
+    else:
+        number = _real(top_k, "top_k", expected)
+        if not (math.isfinite(number) and number == int(number)):
+            raise ValueError(f"top_k: expected {expected}, got {top_k!r}")
+        value = int(number)
+    if value < 1:
+        raise ValueError(f"top_k: expected {expected}, got {top_k!r}")
+    return value

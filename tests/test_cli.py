@@ -7,17 +7,24 @@ Broken schemes are certified as objects (never registered), so the global regist
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 import specsampling as ss
+from specsampling import compare as ss_compare
 from specsampling.calculators import nss_acceptance
 from specsampling.certify import TOLERANCE, Report, certify, exit_code
 from specsampling.cli import format_report, main
+from specsampling.noise import Noise
+from specsampling.ops import accept_probability, accepts, categorical
+from specsampling.schemes.base import Step
 from specsampling.schemes.nss import NSS
 from specsampling.schemes.standard import Standard
 
@@ -29,6 +36,24 @@ class ResidualIsTarget(Standard):
 
     def residual(self, target: Any, draft: Any) -> Any:
         return target
+
+    def node_verify(
+        self, tree: ss.DraftTree, node: int, target_probs: Any, draft_probs: Any, noise: Noise
+    ) -> Step:
+        (child,) = tree.candidates[node]
+        target, draft = target_probs[node], draft_probs[node]
+        token = tree.tokens[child]
+        if accepts(noise.accept[child], target[token], draft[token]):
+            return child, None
+        return None, categorical(self.residual(target, draft), noise.sample[node])
+
+    def node_law(
+        self, tree: ss.DraftTree, node: int, target_probs: Any, draft_probs: Any
+    ) -> tuple[list[tuple[int, Any]], Any]:
+        (child,) = tree.candidates[node]
+        target, draft = target_probs[node], draft_probs[node]
+        accept = accept_probability(target[tree.tokens[child]], draft[tree.tokens[child]])
+        return [(child, accept)], (1 - accept) * self.residual(target, draft)
 
 
 class AcceptsRefusedShapes(NSS):
@@ -43,7 +68,7 @@ class AcceptsRefusedShapes(NSS):
         return None
 
 
-class Crashes(Standard):
+class Crashes(ResidualIsTarget):
     """Mutant: verification raises."""
 
     name = "mutant-crashes"
@@ -211,3 +236,169 @@ def test_names_and_objects_mix_and_progress_counts() -> None:
 def test_unknown_name_raises_keyerror_listing_names() -> None:
     with pytest.raises(KeyError, match="registered"):
         certify(["no-such-scheme"])
+
+
+# ---------------------------------------------------------------- compare: bad input (issue 9 §5)
+
+SKEWED_ARGS = ["--target", "0.7,0.2,0.1", "--draft", "0.1,0.2,0.7"]
+
+
+def compare_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(["compare", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_usage_error(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = compare_cli(argv, capsys)
+    assert (code, out) == (2, ""), err
+    assert err.startswith("specsampling compare: "), err
+    assert message in err, err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--random", "3,1", "--shape", "chain(2)", *SKEWED_ARGS], "either --random or --target"),
+        (["--random", "3,1", "--shape", "chain(2)", "--file", "x.json"], "or --file, not both"),
+        (["--random", "3,1", "--shape", "chain(2)", "--logits"], "or --logits"),
+        (["--random", "3,1", "--shape", "chain(2)", "--tolerance", "1e-3"], "or --tolerance"),
+        ([*SKEWED_ARGS, "--shape", "chain(2)", "-k", "3"], "-k/--num-drafts is for single"),
+        (["--target", "1/0,1", "--draft", "1/2,1/2"], "--target: entry 0 '1/0' divides by zero"),
+        (["--target", "1/2,1/2", "--draft", "1/2,x"], "--draft: expected comma-separated"),
+        (["--target", "0.5,,0.5", "--draft", "0.5,0.5"], "entry 1 '' is not a number"),
+        (["--target", "-0.5,1.5", "--draft", "0.5,0.5"], "target: negative entry at index 0"),
+        (["--target", "2,1,0", "--draft", "0,1,2"], "logits or counts? apply"),
+        ([*SKEWED_ARGS, "--temperature", "0.5"], "--temperature processes logits: add --logits"),
+        ([*SKEWED_ARGS, "--top-k", "2", "--top-p", "0.5"], "--top-k, --top-p processes logits"),
+        ([*SKEWED_ARGS, "--logits", "--tolerance", "1e-3"], "--tolerance is for given"),
+        ([*SKEWED_ARGS, "--logits", "--top-k", "0"], "--top-k: expected an integer >= 1, got 0"),
+        ([*SKEWED_ARGS, "--logits", "--top-p", "2"], "--top-p: expected a number"),
+        ([*SKEWED_ARGS, "--logits", "--temperature", "nan"], "--temperature: expected a finite"),
+        (["--logits", "--target", "1/2,0", "--draft", "0,1"], "'1/2' is not a number"),
+        (["--logits", "--target", "-inf,-inf", "--draft", "0,1"], "(target row): logits: a row"),
+        (["--file", "."], "--file: cannot read .: Is a directory"),
+    ],
+)
+def test_compare_usage_errors_are_clear(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert_usage_error(argv, message, capsys)
+
+
+@pytest.mark.parametrize("value", ["-1", "abc", "nan"])
+def test_bad_tolerance_option(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = compare_cli([*SKEWED_ARGS, "--tolerance", value], capsys)
+    assert (code, out) == (2, "")
+    assert f"argument --tolerance: expected a number >= 0, got '{value}'" in err
+
+
+def test_file_content_decides_the_format(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A JSON file named .npy got numpy's advice to load it with allow_pickle=True."""
+    named_npy = tmp_path / "pair.npy"
+    named_npy.write_text(json.dumps({"target": [0.7, 0.2, 0.1], "draft": [0.1, 0.2, 0.7]}))
+    code, out, err = compare_cli(["--file", str(named_npy)], capsys)
+    assert (code, err) == (0, "")
+    assert out == compare_cli(SKEWED_ARGS, capsys)[1]
+    real_npy = tmp_path / "pair.json"
+    np.save(tmp_path / "array.npy", np.array([[0.7, 0.2, 0.1], [0.1, 0.2, 0.7]]))
+    (tmp_path / "array.npy").rename(real_npy)
+    assert compare_cli(["--file", str(real_npy)], capsys)[:2] == (0, out)
+
+
+def test_unreadable_files_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    garbage = tmp_path / "garbage.npy"
+    garbage.write_text("target = 0.5, 0.5")
+    pickled = tmp_path / "pickled.npy"
+    np.save(pickled, np.array([[0.5, 0.5], [0.5, "x"]], dtype=object), allow_pickle=True)
+    archive = tmp_path / "pair.npz"
+    np.savez(archive, pair=np.full((2, 2), 0.5))
+    binary = tmp_path / "binary.json"
+    binary.write_bytes(bytes(range(256)))
+    truncated = tmp_path / "truncated.npy"
+    np.save(truncated, np.full((2, 100), 0.01))
+    truncated.write_bytes(truncated.read_bytes()[:200])
+    extra = tmp_path / "extra.json"
+    extra.write_text(json.dumps({"target": [0.5, 0.5], "draft": [0.5, 0.5], "k": 3}))
+    complex_rows = tmp_path / "complex.npy"
+    np.save(complex_rows, np.full((2, 2), 0.5 + 0j))
+    cases = [
+        (garbage, "garbage.npy is not a .npy array (no NumPy header) and not valid JSON"),
+        (pickled, "holds an object (pickled) array, which is never loaded"),
+        (archive, "is a zip archive (.npz?)"),
+        (binary, "binary.json is not UTF-8 JSON"),
+        (truncated, "cannot read"),
+        (extra, "unknown keys ['k']"),
+        (complex_rows, "target: entries must be real numbers, got an array of complex"),
+    ]
+    for path, message in cases:
+        assert_usage_error(["--file", str(path)], message, capsys)
+        assert "allow_pickle" not in capsys.readouterr().err
+
+
+def test_large_k_never_gives_a_traceback(capsys: pytest.CaptureFixture[str]) -> None:
+    """gls crashed from k = 69, rsd from k = 988 (RecursionError), traversal overflowed."""
+    for k in ("69", "988"):
+        code, out, err = compare_cli([*SKEWED_ARGS, "-k", k], capsys)
+        assert (code, err) == (0, ""), err
+        assert f"{k} drafts" in out
+
+
+def test_unexpected_library_errors_exit_2_without_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise TypeError("Cannot cast ufunc 'add' output")
+
+    monkeypatch.setattr("specsampling.cli.compare", broken)
+    assert_usage_error(SKEWED_ARGS, "error: the computation failed with TypeError", capsys)
+
+
+def test_logits_are_processed_alike_for_target_and_draft(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    target_logits, draft_logits = [2.0, 1.0, -1.0, -math.inf], [-1.0, 0.5, 2.0, 0.0]
+    argv = ["--logits", "--target", "2,1,-1,-inf", "--draft", "-1,0.5,2,0", "--json"]
+    argv += ["--temperature", "0.7", "--top-k", "3", "--top-p", "0.9", "-k", "2"]
+    code, out, err = compare_cli(argv, capsys)
+    assert (code, err) == (0, "")
+    target = ss.process(target_logits, 0.7, 3, 0.9)
+    draft = ss.process(draft_logits, 0.7, 3, 0.9)
+    expected = ss_compare.compare(target, draft, 2)
+    rows = json.loads(out)["rows"]
+    assert [r["acceptance"] for r in rows] == [r.acceptance for r in expected.rows]
+    # Defaults: temperature 1, no truncation; the tree mode takes logits too.
+    code, out, _ = compare_cli(["--logits", "--target", "0,1", "--draft", "1,0", "-k", "1"], capsys)
+    assert code == 0
+    code, out, _ = compare_cli(
+        ["--logits", "--target", "0,1", "--draft", "1,0", "--shape", "chain(1)"], capsys
+    )
+    assert code == 0 and "Stationary(target=[0.268941, 0.731059]" in out
+
+
+def test_low_precision_probabilities_with_tolerance(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = np.array([[0.7, 0.2, 0.1], [0.1, 0.2, 0.7]])
+    rows[:, 0] += 2e-3  # bf16 rounding
+    path = tmp_path / "bf16.npy"
+    np.save(path, rows.astype(np.float32))
+    assert_usage_error(["--file", str(path)], "CLI --tolerance 0.01", capsys)
+    code, out, err = compare_cli(["--file", str(path), "--tolerance", "1e-2", "--json"], capsys)
+    assert (code, err) == (0, "")
+    expected = ss_compare.compare(*rows.astype(np.float32), 2, tolerance=1e-2)
+    assert [r["acceptance"] for r in json.loads(out)["rows"]] == [
+        r.acceptance for r in expected.rows
+    ]
+    tree = ["--file", str(path), "--tolerance", "1e-2", "--shape", "chain(1)"]
+    assert compare_cli(tree, capsys)[0] == 0
+
+
+def test_compare_help_lists_the_new_options(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = compare_cli(["--help"], capsys)
+    assert code == 0
+    for option in ("--logits", "--temperature", "--top-k", "--top-p", "--tolerance", "float32"):
+        assert option in out

@@ -29,6 +29,7 @@ from specsampling.compare import (
     parse_shape,
 )
 from specsampling.optimal import lp_acceptance, optimal_acceptance
+from specsampling.schemes.nss import NSS
 
 SKEWED = ([0.7, 0.2, 0.1], [0.1, 0.2, 0.7])
 EXACT_SKEWED = ([F(7, 10), F(2, 10), F(1, 10)], [F(1, 10), F(2, 10), F(7, 10)])
@@ -192,7 +193,7 @@ def test_enumeration_too_large_is_a_note_not_a_crash() -> None:
     for name, optimum in (("rsd", result.optimum_without), ("traversal", result.optimum_iid)):
         assert rows[name].acceptance is None and rows[name].gap is None
         assert rows[name].optimum == optimum
-        assert "exceeds" in rows[name].note
+        assert "exceeds" in rows[name].note or "enumeration" in rows[name].note
     assert rows["specinfer"].acceptance is not None
 
 
@@ -217,6 +218,58 @@ def test_spechub_attains_its_optimum_when_the_draft_is_nearly_one_hot() -> None:
     assert row.gap is not None and abs(row.gap) <= 1e-9
     pair = ss.pairs.Stationary([0.7, 0.3], [1e-17, 1.0])
     assert ss.lossless_error("spechub", pair, ss.Shape.hub()) <= 1e-12
+
+
+class Overflows(NSS):
+    """A scheme whose closed form fails the way large k did (OverflowError, RecursionError)."""
+
+    name = "mutant-overflows"
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def closed_acceptance(self, target: Any, draft: Any, num_drafts: int) -> Any:
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    "error", [OverflowError("int too large"), RecursionError("too deep"), ValueError("too big")]
+)
+def test_a_failing_scheme_is_a_note_not_a_crash(error: BaseException) -> None:
+    rows = by_name(compare(*SKEWED, 3, schemes=[Overflows(error), "nss"]))
+    assert rows["mutant-overflows"].acceptance is None
+    assert str(error) in rows["mutant-overflows"].note
+    if not isinstance(error, ValueError):
+        assert f"failed at num_drafts=3: {type(error).__name__}" in rows["mutant-overflows"].note
+    assert rows["nss"].acceptance is not None
+
+
+def test_compare_takes_a_tolerance() -> None:
+    target = [0.7, 0.2, 0.1 + 3e-4]
+    with pytest.raises(ss.InvalidDistribution, match=r"target: mass is 1\.0003.*tolerance="):
+        compare(target, SKEWED[1], 2)
+    loose = compare(target, SKEWED[1], 2, tolerance=1e-3)
+    direct = compare(np.array(target) / sum(target), SKEWED[1], 2)
+    assert [r.acceptance for r in loose.rows] == pytest.approx([r.acceptance for r in direct.rows])
+
+
+@pytest.mark.parametrize("schemes", ["nss", 3])
+def test_schemes_must_be_a_list(schemes: Any) -> None:
+    with pytest.raises(TypeError, match="schemes: expected a list") as info:
+        compare(*SKEWED, 2, schemes=schemes)
+    if schemes == "nss":
+        assert "['nss']" in str(info.value)
+    with pytest.raises(TypeError, match="schemes: expected a list"):
+        compare_tree(ss.pairs.Stationary(*SKEWED), ss.Shape.chain(1), schemes=schemes)
+
+
+def test_compare_tree_refuses_non_pairs_and_non_shapes() -> None:
+    with pytest.raises(TypeError, match=r"pair: .*Stationary\(target, draft\)"):
+        compare_tree(SKEWED, ss.Shape.chain(1))
+    with pytest.raises(TypeError, match=r"shape: expected a specsampling.Shape.*parse_shape"):
+        compare_tree(ss.pairs.Stationary(*SKEWED), "chain(1)")
+    with pytest.raises(TypeError, match="shape: expected text"):
+        parse_shape(None)  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------- compare_tree

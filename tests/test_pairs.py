@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import re
 from fractions import Fraction as F
 
 import numpy as np
 import pytest
 
 import specsampling as ss
-from specsampling.pairs import ModelPair, Random, Stationary, Table
+from specsampling.pairs import ModelPair, Random, Stationary, Table, check_model_pair
 
 
 def _all_prefixes(vocab_size, max_length):
@@ -126,3 +127,96 @@ def test_stationary_rejects_mixed_exact_and_float():
 def test_stationary_with_integer_entries_is_float():
     pair = Stationary([1, 0], [0, 1])
     assert pair.target(()).dtype == np.float64
+
+
+# ---------------------------------------------------------------- bad input (issue 9 §5)
+
+HALF = [0.5, 0.5]
+
+
+@pytest.mark.parametrize(
+    ("value", "hint"),
+    [
+        ((HALF, HALF), r"Stationary\(target, draft\)"),
+        ([HALF, HALF], r"Stationary\(target, draft\)"),
+        (np.array([HALF, HALF]), r"Stationary\(target, draft\)"),
+        ({(): (HALF, HALF)}, r"Table\(\{prefix: \(target, draft\)"),
+        (None, "Stationary"),
+        ("nss", "Stationary"),
+        (Stationary, "instance"),
+    ],
+    ids=["tuple", "list", "array", "dict", "None", "str", "class"],
+)
+def test_check_model_pair_refuses_with_a_hint(value, hint):
+    with pytest.raises(TypeError, match=r"^pair: expected a model pair") as info:
+        check_model_pair(value)
+    assert re.search(hint, str(info.value))
+    with pytest.raises(TypeError, match=r"^draft_from: expected a model pair"):
+        check_model_pair(value, "draft_from")
+
+
+def test_check_model_pair_passes_pairs_through():
+    for pair in (Stationary(HALF, HALF), Table({(): (HALF, HALF)}), Random(3)):
+        assert check_model_pair(pair) is pair
+
+    class NoSize:
+        vocab_size = 0
+
+        def target(self, prefix):
+            return HALF
+
+        def draft(self, prefix):
+            return HALF
+
+    with pytest.raises(ValueError, match=r"pair\.vocab_size"):
+        check_model_pair(NoSize())
+
+
+def test_swapped_refuses_non_pairs_with_the_hint():
+    with pytest.raises(TypeError, match=r"target_from: .*Stationary\(target, draft\)"):
+        ss.pairs.Swapped((HALF, HALF))
+    with pytest.raises(TypeError, match="draft_from"):
+        ss.pairs.Swapped(Random(2), {(): (HALF, HALF)})
+
+
+@pytest.mark.parametrize(
+    ("mapping", "error", "message"),
+    [
+        ([((), (HALF, HALF))], TypeError, "mapping: expected a dict"),
+        ({"ab": (HALF, HALF)}, TypeError, "keys are prefixes.*'ab'"),
+        ({0: (HALF, HALF)}, TypeError, "keys are prefixes.*int 0"),
+        ({None: (HALF, HALF)}, TypeError, "keys are prefixes"),
+        ({(0.5,): (HALF, HALF)}, ss.InvalidDistribution, r"mapping\[\(0\.5,\)\].*integers"),
+        ({(5,): (HALF, HALF)}, ss.InvalidDistribution, "id 5 out of range"),
+        ({(-1,): (HALF, HALF)}, ss.InvalidDistribution, "id -1 out of range"),
+        ({(): HALF}, ValueError, "pair of distributions, got two numbers"),
+        ({(): (HALF, HALF, HALF)}, ValueError, "got tuple of length 3"),
+        ({(): HALF[0]}, ValueError, r"mapping\[\(\)\]: expected a \(target, draft\)"),
+        ({(): ([F(1, 2), F(1, 2)], HALF)}, ValueError, "not mixed"),
+        (
+            {(): (HALF, HALF), (0,): ([F(1, 2), F(1, 2)], [F(1, 2), F(1, 2)])},
+            ValueError,
+            r"mapping\[\(0,\)\].*not mixed",
+        ),
+    ],
+)
+def test_table_refuses_malformed_mappings(mapping, error, message):
+    with pytest.raises(error, match=message):
+        Table(mapping)
+
+
+def test_random_exact_must_be_a_bool():
+    with pytest.raises(TypeError, match="exact"):
+        Random(3, exact="no")
+
+
+def test_stationary_and_table_take_a_tolerance():
+    off = [0.5, 0.5 + 4e-4]
+    for make in (
+        lambda **kw: Stationary(off, HALF, **kw),
+        lambda **kw: Table({(): (off, HALF)}, **kw),
+    ):
+        with pytest.raises(ss.InvalidDistribution, match=r"mass is 1\.0004, .*tolerance=0\.001"):
+            make()
+        pair = make(tolerance=1e-3)
+        assert pair.target(()).sum() == pytest.approx(1, abs=1e-15)

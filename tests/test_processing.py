@@ -229,3 +229,55 @@ def test_output_is_a_valid_distribution_for_the_validator():
     out = ss.process(LOGITS, temperature=0.9, top_k=5, top_p=0.9)
     checked = ss.validation.check_distribution(out, "target")
     assert checked.shape == (len(LOGITS),)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"temperature": None}, "temperature"),
+        ({"temperature": "1"}, "temperature"),
+        ({"temperature": 1j}, "temperature"),
+        ({"temperature": np.array([1.0, 2.0])}, "temperature"),
+        ({"temperature": True}, "temperature"),
+        ({"top_k": math.nan}, "top_k"),
+        ({"top_k": math.inf}, "top_k"),
+        ({"top_k": "2"}, "top_k"),
+        ({"top_k": 2.5}, "top_k"),
+        ({"top_p": "0.5"}, "top_p"),
+        ({"top_p": True}, "top_p"),
+        ({"top_p": [0.5]}, "top_p"),
+    ],
+    ids=repr,
+)
+def test_badly_typed_parameters_are_named(kwargs, name):
+    """These gave raw numpy/TypeError/OverflowError messages (issue 9 §5)."""
+    with pytest.raises(ValueError, match=f"^{name}: expected") as info:
+        ss.process(LOGITS, **kwargs)
+    assert "ufunc" not in str(info.value) and "convert" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("logits", "fragment"),
+    [
+        (["a", "b"], "a string"),
+        ([1j, 0.0], "complex"),
+        ([True, False], "a bool"),
+        ([[1.0], [1.0, 2.0]], "nested"),
+        (None, "None"),
+    ],
+)
+def test_non_real_logits_are_named(logits, fragment):
+    with pytest.raises(ss.InvalidDistribution, match=f"logits: .*{fragment}"):
+        ss.process(logits)
+
+
+def test_numeric_parameter_kinds_still_accepted():
+    """Integral floats, numpy scalars and big integers keep their meaning."""
+    base = ss.process(LOGITS, temperature=0.7, top_k=3, top_p=0.9)
+    same = ss.process(LOGITS, temperature=np.float32(0.7), top_k=3.0, top_p=np.float64(0.9))
+    np.testing.assert_allclose(same, base, rtol=1e-6)
+    np.testing.assert_array_equal(
+        ss.process(LOGITS, top_k=np.int64(3)), ss.process(LOGITS, top_k=3)
+    )
+    np.testing.assert_array_equal(ss.process(LOGITS, top_k=10**30), ss.process(LOGITS))
+    assert ss.process(np.array(LOGITS, np.float32)).dtype == np.float64

@@ -16,7 +16,7 @@ import pytest
 import specsampling as ss
 from specsampling import calculators
 from specsampling.noise import LARGEST_BELOW_ONE
-from specsampling.validation import check_distribution, check_token
+from specsampling.validation import check_distribution, check_rows, check_token
 
 GOOD = [0.5, 0.25, 0.25]
 GOOD_EXACT = [F(1, 2), F(1, 4), F(1, 4)]
@@ -34,7 +34,7 @@ BAD_DISTRIBUTIONS = [
     pytest.param([0.5, 0.25, 0.2], "mass", id="mass-under"),
     pytest.param([0.5, 0.25, 0.25 + 2e-6], "mass", id="mass-just-over-tolerance"),
     pytest.param([0.0, 0.0, 0.0], "mass", id="all-zero"),
-    pytest.param(["a", "b", "c"], "numeric", id="strings"),
+    pytest.param(["a", "b", "c"], "real numbers", id="strings"),
     pytest.param([F(1, 2), F(1, 3), F(1, 7)], "exact mass", id="fraction-mass"),
     pytest.param([F(1, 2), F(1, 2), F(1, 10**12)], "exact mass", id="fraction-mass-tiny"),
     pytest.param([F(3, 2), F(-1, 2), F(0)], "negative", id="fraction-negative"),
@@ -290,3 +290,201 @@ def test_bad_lengths_and_rng():
         ss.pairs.Random(1)
     with pytest.raises(ValueError, match="seed"):
         ss.pairs.Random(3, seed=-1)
+
+
+# ---------------------------------------------------------------- issue 9, part 5: bad input
+
+NOT_REAL = [
+    pytest.param(["0.5", "0.5", "0"], "a string", id="numeric-strings"),
+    pytest.param([True, False, False], "a bool", id="bools"),
+    pytest.param([1.0, False, 0.0], "a bool", id="bool-among-floats"),
+    pytest.param(np.array([True, False, False]), "booleans", id="bool-array"),
+    pytest.param([0.5 + 0j, 0.5, 0.0], "complex", id="complex"),
+    pytest.param(np.array([0.5 + 1j, 0.5, 0.0]), "complex", id="complex-array"),
+    pytest.param(np.array(["0.5", "0.5", "0"]), "strings", id="string-array"),
+    pytest.param([F(1, 2), True, False], "a bool", id="fraction-with-bools"),
+    pytest.param([F(1, 2), "1/2", 0], "a string", id="fraction-with-string"),
+    pytest.param([F(1, 2), 0.5j, 0], "complex", id="fraction-with-complex"),
+    pytest.param([[0.5], [0.25, 0.25]], "nested", id="ragged"),
+    pytest.param(None, "None", id="none"),
+    pytest.param("0.5,0.5", "str", id="string"),
+    pytest.param({0: 0.5, 1: 0.5}, "dict", id="dict"),
+]
+
+
+@pytest.mark.parametrize(("bad", "fragment"), NOT_REAL)
+def test_non_real_entries_are_refused_not_coerced(bad, fragment):
+    """Strings, bools and complex numbers were silently turned into probabilities."""
+    with pytest.raises(ss.InvalidDistribution, match=f"target: .*{fragment}"):
+        check_distribution(bad, "target")
+    for entry in ("Stationary", "acceptance", "Table"):
+        with pytest.raises(ss.InvalidDistribution, match="real numbers"):
+            ENTRY_POINTS[entry](GOOD, [0.5, 0.5j, 0.0])
+
+
+def test_real_number_kinds_still_accepted():
+    np.testing.assert_array_equal(check_distribution([1, 0], "t"), [1.0, 0.0])
+    np.testing.assert_array_equal(check_distribution(np.array([1, 0]), "t"), [1.0, 0.0])
+    np.testing.assert_array_equal(check_distribution([np.float32(0.5), 0.5], "t"), [0.5, 0.5])
+    np.testing.assert_array_equal(check_distribution(np.array([0.5, 0.5], object), "t"), [0.5, 0.5])
+    exact = check_distribution([F(1, 2), np.int64(0), F(1, 2)], "t")
+    assert exact.dtype == object and list(exact) == [F(1, 2), 0, F(1, 2)]
+
+
+def test_accepted_near_normalised_input_comes_back_normalised():
+    """Mutation survivor (issue 9 §6): skipping the renormalisation left round laws at 1 + 4e-7."""
+    rng = np.random.default_rng(0)
+    for vocab_size in (3, 10, 100):
+        weights = rng.dirichlet(np.ones(vocab_size)) * (1 + 4e-7)
+        assert abs(weights.sum() - 1) > 1e-7
+        out = check_distribution(weights, "target")
+        assert abs(math.fsum(out) - 1) <= 1e-15
+        np.testing.assert_allclose(out, weights / (1 + 4e-7), rtol=1e-14)
+        pair = ss.pairs.Stationary(weights, weights[::-1])
+        assert abs(math.fsum(pair.draft(())) - 1) <= 1e-15
+        law = ss.round_law("standard", pair, ss.Shape.chain(1))
+        assert abs(math.fsum(law.values()) - 1) <= 1e-14
+
+
+@pytest.mark.parametrize(
+    ("mass", "shown"),
+    [
+        (1 + 2e-6, "mass is 1.000002, not 1 (off by 2e-06, tolerance 1e-06)"),
+        (1 - 3e-3, "mass is 0.997, not 1 (off by 0.003, tolerance 1e-06)"),
+        (1 + 1.5e-9, "tolerance 1e-09"),
+        (1.1, "mass is 1.1, not 1 (tolerance 1e-06)"),
+    ],
+)
+def test_mass_message_is_true(mass, shown):
+    """It said "mass is 1, not 1 (tolerance 1e-06)" for float32 softmax output."""
+    tolerance = 1e-9 if "1e-09" in shown else 1e-6
+    probs = [mass - 0.5, 0.5]
+    with pytest.raises(ss.InvalidDistribution) as info:
+        check_distribution(probs, "target", tolerance=tolerance)
+    message = str(info.value)
+    assert shown in message
+    assert "mass is 1, not 1" not in message
+    printed = float(message.split("mass is ")[1].split(",")[0])
+    assert printed != 1.0  # enough digits to show the deviation
+    if abs(mass - 1) < 0.05:
+        assert "tolerance=" in message and "--tolerance" in message
+    else:
+        assert "tolerance=" not in message
+
+
+def test_mass_far_above_one_hints_at_logits():
+    with pytest.raises(ss.InvalidDistribution, match="logits"):
+        check_distribution([2.0, 1.0, 0.0], "target")
+    with pytest.raises(ss.InvalidDistribution, match=r"negative entry.*process"):
+        check_distribution([-1.0, 2.0, 0.0], "target")
+
+
+def _low_precision(dtype, vocab_size=32_000, seed=0):
+    """A softmax computed in ``dtype`` throughout, as a model's output layer does."""
+    logits = (np.random.default_rng(seed).normal(size=vocab_size) * 3).astype(dtype)
+    probs = np.exp(logits - logits.max())
+    return probs / probs.sum(dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_low_precision_probabilities_pass_with_a_stated_tolerance(dtype):
+    probs = _low_precision(dtype)
+    error = abs(math.fsum(probs.astype(np.float64)) - 1)
+    assert error > 0  # the case is real: the float64 mass is off
+    if dtype == np.float16:
+        assert error > 1e-6
+        with pytest.raises(ss.InvalidDistribution, match=r"target: mass is .*tolerance="):
+            check_distribution(probs, "target")
+    loose = check_distribution(probs, "target", tolerance=1e-2)
+    assert loose.dtype == np.float64 and abs(math.fsum(loose) - 1) <= 1e-12
+    other = _low_precision(dtype, seed=1)
+    _, draft = ss.validation.check_pair(probs, other, tolerance=1e-2)
+    assert abs(math.fsum(draft) - 1) <= 1e-12
+    pair = ss.pairs.Stationary(probs, other, tolerance=1e-2)
+    assert abs(math.fsum(pair.target(())) - 1) <= 1e-12
+    table = ss.pairs.Table({(): (probs, other)}, tolerance=1e-2)
+    np.testing.assert_array_equal(table.target(()), pair.target(()))
+
+
+def test_bf16_sized_error_is_refused_by_default_and_named():
+    probs = np.full(4, 0.25)
+    probs[0] += 2e-3  # bf16 softmax over 150k tokens is off by up to ~3e-3
+    with pytest.raises(ss.InvalidDistribution, match=r"target: mass is 1\.002, not 1") as info:
+        ss.pairs.Stationary(probs, [*GOOD, 0.0])
+    assert "tolerance=0.01" in str(info.value)
+    assert ss.pairs.Stationary(probs, [*GOOD, 0.0], tolerance=1e-2).vocab_size == 4
+    with pytest.raises(ss.InvalidDistribution, match=r"tolerance 0\.001"):
+        check_distribution(probs, "target", tolerance=1e-3)
+
+
+def test_exact_input_ignores_the_tolerance():
+    with pytest.raises(ss.InvalidDistribution, match="exact mass"):
+        check_distribution([F(1, 2), F(1, 2), F(1, 10**9)], "target", tolerance=1e-2)
+
+
+@pytest.mark.parametrize("tolerance", [-1e-6, math.nan, "1e-3", None, True])
+def test_bad_tolerance(tolerance):
+    with pytest.raises(ValueError, match="tolerance"):
+        check_distribution(GOOD, "target", tolerance=tolerance)
+    with pytest.raises(ValueError, match="tolerance"):
+        ss.pairs.Stationary(GOOD, GOOD, tolerance=tolerance)
+
+
+# ---------------------------------------------------------------- check_rows
+
+
+def test_check_rows_accepts_tables_without_copying():
+    table = np.array([[0.5, 0.5, 0.0], [0.25, 0.25, 0.5]])
+    before = table.copy()
+    assert check_rows(table, "target_probs", 3) is None
+    np.testing.assert_array_equal(table, before)
+    check_rows(table.astype(np.float32), "target_probs")
+    check_rows(np.array([[1, 0], [0, 1]]), "target_probs")
+    check_rows(np.array([[0.5, 0.5 + 5e-7]]), "target_probs")
+    check_rows(np.array([[0.5, 0.5 + 5e-4]]), "target_probs", tolerance=1e-3)
+    check_rows(np.array([[F(1, 3), F(2, 3)], [F(1), F(0)]], dtype=object), "draft_probs", 2)
+    check_rows(np.empty((0, 3)), "target_probs")
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ([[0.5, 0.5], [math.nan, 1.0]], r"target_probs\[1\]: NaN or inf at index 0"),
+        ([[0.5, 0.5], [0.5, math.inf]], r"target_probs\[1\]: NaN or inf at index 1"),
+        ([[0.5, 0.5], [1.5, -0.5]], r"target_probs\[1\]: negative entry at index 1 .*logits"),
+        ([[2.3, -0.7], [0.5, 0.5]], r"target_probs\[0\]: negative"),  # raw logits
+        ([[0.5, 0.5], [0.5, 0.5], [0.5, 0.5], [5.0, 5.0]], r"target_probs\[3\]: mass is 10,"),
+        ([[0.5, 0.5], [0.5, 0.5 + 2e-6]], r"target_probs\[1\]: mass is 1.000002"),
+        ([[0.0, 0.0]], r"target_probs\[0\]: mass is 0"),
+        ([0.5, 0.5], r"expected shape \(num_rows, vocab_size\)"),
+        ([[[0.5, 0.5]]], r"expected shape \(num_rows, vocab_size\)"),
+        (np.zeros((2, 0)), r"expected shape \(num_rows, vocab_size\)"),
+        ([[0.5, 0.25, 0.25]], "vocabulary mismatch, 3 columns but vocab_size is 2"),
+        (np.array([[True, False]]), "real numbers"),
+        (np.array([[0.5 + 0j, 0.5]]), "complex"),
+        ([["0.5", "0.5"]], "real numbers"),
+        (np.array([[F(1, 2), F(1, 3)]], dtype=object), r"target_probs\[0\]: exact mass is 5/6"),
+        (np.array([[F(3, 2), F(-1, 2)]], dtype=object), r"target_probs\[0\]: negative"),
+        (np.array([[F(1, 2), 0.5]], dtype=object), "mixes exact"),
+    ],
+)
+def test_check_rows_names_the_row_and_the_defect(table, message):
+    if isinstance(table, list):
+        table = np.array(table)
+    with pytest.raises(ss.InvalidDistribution, match=message):
+        check_rows(table, "target_probs", 2)
+
+
+def test_check_rows_reports_the_first_bad_row():
+    table = np.full((6, 4), 0.25)
+    table[4] = [1.0, 1.0, 1.0, 1.0]
+    table[2, 1] = math.nan
+    with pytest.raises(ss.InvalidDistribution, match=r"draft_probs\[2\]: NaN"):
+        check_rows(table, "draft_probs")
+
+
+def test_torch_tensors_are_read_and_bf16_is_named():
+    torch = pytest.importorskip("torch")
+    np.testing.assert_array_equal(check_distribution(torch.tensor(GOOD), "target"), GOOD)
+    with pytest.raises(ss.InvalidDistribution, match=r"target: cannot convert .*float\(\)"):
+        check_distribution(torch.tensor(GOOD, dtype=torch.bfloat16), "target")
