@@ -35,24 +35,41 @@ from specsampling.schemes.base import Step
 from specsampling.schemes.rsd import RSD
 from specsampling.schemes.specinfer import SpecInfer
 from specsampling.schemes.standard import Standard
+from specsampling.tree import DrawLaw
 
 F = Fraction
 Probs = Any
 
 
-def _widened(shape: ss.Shape) -> bool:
-    return shape.is_chain or shape.law in ("iid", "without")
+#: The draw laws the (d)/(e) mutants claim: both, although each scheme is exact for one.
+_WIDENED = frozenset({DrawLaw.IID, DrawLaw.WITHOUT})
 
 
 # --------------------------------------------------------------------------- standard mutants
 class _StandardMutant(Standard):
-    """Standard with its accept test and residual draw as hooks (the law hooks exist upstream)."""
+    """Standard with its accept test, residual and bonus as hooks, in pairs: the sampled rule
+    and its exact law (the scheme itself has no hooks; a mutant overrides one pair)."""
 
     def accepts(self, u: float, target_x: Any, draft_x: Any) -> bool:
         return accepts(u, target_x, draft_x)
 
+    def accept_probability(self, target_x: Any, draft_x: Any) -> Any:
+        return accept_probability(target_x, draft_x)
+
+    def residual(self, target: Probs, draft: Probs) -> Probs:
+        return residual(target, draft)
+
     def draw_residual(self, target: Probs, draft: Probs, u: float) -> int:
         return categorical(self.residual(target, draft), u)
+
+    def node_law(
+        self, tree: ss.DraftTree, node: int, target_probs: Probs, draft_probs: Probs
+    ) -> tuple[list[tuple[int, Any]], Probs]:
+        (child,) = tree.candidates[node]
+        token = tree.tokens[child]
+        target, draft = target_probs[node], draft_probs[node]
+        accept = self.accept_probability(target[token], draft[token])
+        return [(child, accept)], (1 - accept) * self.residual(target, draft)
 
     def node_verify(
         self, tree: ss.DraftTree, node: int, target_probs: Probs, draft_probs: Probs, noise: Noise
@@ -139,6 +156,9 @@ class ArgmaxDraftsSoftmaxQ(Standard):
     def supports(self, shape: ss.Shape) -> bool:
         return shape.is_chain or (shape.kind == "top" and all(w == 1 for w in shape.params[0]))
 
+    def exact_for(self, law: DrawLaw, chain: bool) -> bool:
+        return super().exact_for(law, chain) or (chain and law is DrawLaw.DETERMINISTIC)
+
 
 def chain_by_inverse_cdf(
     pair: ModelPair, length: int, uniforms: Any, prefix: tuple[int, ...]
@@ -147,7 +167,7 @@ def chain_by_inverse_cdf(
     tokens: list[int] = []
     for u in uniforms[:length]:
         tokens.append(categorical(pair.draft(prefix + tuple(tokens)), u))
-    return ss.DraftTree.chain(tokens)
+    return ss.DraftTree.chain(tokens, law=DrawLaw.IID)
 
 
 def cdf_interval(probs: Probs, token: int) -> tuple[Any, Any]:
@@ -184,7 +204,7 @@ class SharedUniform(Standard):
         low, high = cdf_interval(draft, token)
         overlap = min(high, target[token] / draft[token]) - low
         accept = max(overlap, 0 * overlap) / draft[token]
-        return [(child, accept)], (1 - accept) * self.residual(target, draft)
+        return [(child, accept)], (1 - accept) * residual(target, draft)
 
 
 class _TopTwoDraft:
@@ -297,18 +317,14 @@ class SpecInferOnWithoutReplacement(SpecInfer):
     """(d) RRS with replacement claiming (and applied to) without-replacement drafts."""
 
     name = "mutant-specinfer-on-without-replacement"
-
-    def supports(self, shape: ss.Shape) -> bool:
-        return _widened(shape)
+    laws = _WIDENED
 
 
 class RSDOnIID(RSD):
     """(e) RRS without replacement claiming (and applied to) i.i.d. drafts."""
 
     name = "mutant-rsd-on-iid"
-
-    def supports(self, shape: ss.Shape) -> bool:
-        return _widened(shape)
+    laws = _WIDENED
 
 
 # --------------------------------------------------------------------------- the catalogue

@@ -3,8 +3,8 @@
 Distributions are normalised random weights with edge cases mapped in (zeros, one-hot, masses
 near ``1e-12``); target/draft pairs get special relations (equal, near-equal, disjoint supports,
 one-hot target); model pairs are stationary, context-dependent tables or seeded random pairs;
-shapes come from a finite catalogue (depth <= 3, k <= 4) and the vocabulary is sized per shape
-so that the number of draftable trees stays below a budget.
+shapes come from the catalogue (:mod:`proofs_tests.catalogue`) and the vocabulary is sized per
+shape so that the number of draftable trees stays below a budget.
 """
 
 from __future__ import annotations
@@ -18,11 +18,9 @@ import numpy as np
 from hypothesis import strategies as st
 
 import specsampling as ss
+from proofs_tests.catalogue import MAX_TREES, MIN_VOCAB, SHAPES, max_vocab
 from specsampling.pairs import ModelPair, Random, Stationary, Table
 
-MIN_VOCAB, MAX_VOCAB = 2, 6
-#: Upper bound on the number of draftable trees one example may enumerate.
-MAX_TREES = 3000
 #: A mass "near 1e-12" (relative to weights of order one).
 TINY_FLOAT, TINY_EXACT = 1e-12, Fraction(1, 10**12)
 
@@ -33,62 +31,6 @@ PAIR_KINDS = ("stationary", "table", "random")
 
 
 # --------------------------------------------------------------------------- shapes
-def tree_bound(shape: ss.Shape, vocab: int) -> int:
-    """Upper bound on the number of trees ``shape.enumerate`` yields over ``vocab`` tokens.
-
-    An i.i.d. step has ``vocab`` outcomes, the ``i``-th without-replacement sibling
-    ``vocab - i`` (at least one: exhausted steps are skipped), a top step one and a hub step
-    at most ``vocab``.
-    """
-    bound = 1
-    siblings: dict[int, int] = {}
-    for parent, mode in shape.steps:
-        if mode in ("iid", "hub"):
-            bound *= vocab
-        elif mode == "without":
-            index = siblings.get(parent, 0)
-            siblings[parent] = index + 1
-            bound *= max(1, vocab - index)
-    return bound
-
-
-def max_vocab(shape: ss.Shape, max_trees: int = MAX_TREES, cap: int = MAX_VOCAB) -> int:
-    """Largest vocabulary in ``[2, cap]`` whose tree bound is within ``max_trees`` (at least 2)."""
-    fitting = [v for v in range(MIN_VOCAB, cap + 1) if tree_bound(shape, v) <= max_trees]
-    return max(fitting, default=MIN_VOCAB)
-
-
-def _all_widths(max_width: int = 4, max_depth: int = 3) -> list[tuple[int, ...]]:
-    widths: list[tuple[int, ...]] = []
-    for depth in range(1, max_depth + 1):
-        widths.extend(itertools.product(range(1, max_width + 1), repeat=depth))
-    return widths
-
-
-def _catalogue() -> list[ss.Shape]:
-    shapes = [ss.Shape.chain(n) for n in (1, 2, 3)]
-    shapes += [ss.Shape.star(k, replacement=r) for k in range(1, 5) for r in (True, False)]
-    shapes += [ss.Shape.paths(k, n) for k in range(1, 5) for n in (1, 2, 3)]
-    for widths in _all_widths():
-        shapes += [ss.Shape.branching(widths, replacement=r) for r in (False, True)]
-        shapes.append(ss.Shape.top(widths))
-        shapes.append(ss.Shape.greedy(widths))
-    shapes += [
-        ss.Shape.delayed(k, trunk=trunk, branch=branch)
-        for k in range(1, 5)
-        for trunk in (0, 1, 2)
-        for branch in (1, 2, 3)
-        if trunk + branch <= 3
-    ]
-    shapes += [ss.Shape.hub(depth) for depth in (1, 2, 3)]
-    # A static catalogue, pruned once: shapes too large to enumerate even over two tokens.
-    return [shape for shape in shapes if tree_bound(shape, MIN_VOCAB) <= MAX_TREES]
-
-
-#: Every shape under test: depth <= 3, at most 4 drafts per node, enumerable over 2 tokens.
-SHAPES: tuple[ss.Shape, ...] = tuple(_catalogue())
-
-
 def supported_shapes(scheme: Any, shapes: Sequence[ss.Shape] = SHAPES) -> dict[str, list[ss.Shape]]:
     """The catalogue shapes ``scheme`` supports, grouped by shape kind."""
     groups: dict[str, list[ss.Shape]] = {}

@@ -15,12 +15,11 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 import specsampling as ss
+from proofs_tests.catalogue import SHAPES, max_vocab
 from proofs_tests.oracles import enumerated_acceptance
 from proofs_tests.strategies import (
-    SHAPES,
     distribution_pairs,
     draft_trees,
-    max_vocab,
     model_pairs,
     shapes_for,
 )

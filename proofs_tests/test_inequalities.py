@@ -132,7 +132,7 @@ def test_one_draft_is_the_maximal_coupling(case: Any) -> None:
         accepted = ss.acceptance(name, target, draft, 1)
         if name == "nss":  # NSS ignores q: sum_x p(x) q(x), at most the coupling
             assert below(accepted, beta, exact)
-        elif isinstance(scheme, ss.schemes.KeyedScheme):
+        elif isinstance(scheme, ss.schemes.KeyedCoupling):
             # Communication-free couplings pay for invariance: at most 1 - TV, at least
             # (1 - TV) / (1 + TV) (Daliri et al.), and all equal to the Gumbel closed form.
             assert below(accepted, beta, exact) or abs(float(accepted) - float(beta)) < 1e-12

@@ -23,7 +23,7 @@ from .processing import process
 from .sampling import Generation, Round, generate, speculate
 from .schemes import SCHEMES, Scheme, Verdict, get_scheme
 from .shapes import Shape
-from .tree import DraftTree
+from .tree import DraftTree, DrawLaw
 
 __version__ = "0.1.0"
 
@@ -43,6 +43,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "SCHEMES",
     "DraftTree",
+    "DrawLaw",
     "Generation",
     "InvalidDistribution",
     "Noise",

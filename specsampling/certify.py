@@ -24,6 +24,7 @@ Vocabulary sizes are chosen per shape so that the enumeration stays small
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -35,9 +36,10 @@ import numpy as np
 from .errors import UnsupportedShape
 from .exact import enumerated_acceptance, expected_emitted, lossless_error, round_law
 from .invariance import conditional_violations, strong_violations
+from .noise import Noise
 from .pairs import ModelPair, Random, Stationary
 from .sampling import speculate
-from .schemes import SCHEMES, KeyedScheme, Scheme, get_scheme
+from .schemes import SCHEMES, KeyedCoupling, Scheme, TreeVerifier, get_scheme, tables
 from .shapes import Shape
 
 #: Largest float error a certified scheme may show (exact cases must be exactly 0).
@@ -279,7 +281,7 @@ def _plan(scheme: Scheme) -> _Plan:
         for label, pair in model_pairs(scheme.single_shape(k), exact)
     )
     structural: tuple[tuple[Shape, str, ModelPair, int | None], ...] = ()
-    if isinstance(scheme, KeyedScheme):
+    if isinstance(scheme, KeyedCoupling):
         structural = tuple(
             (shape, repr(pair), pair, window)
             for shape in supported
@@ -328,6 +330,7 @@ def _run(scheme: Scheme, plan: _Plan, tick: Callable[[str], None]) -> SchemeRepo
     structural = 0
     for shape, label, pair, window in plan.structural:
         try:
+            assert isinstance(scheme, KeyedCoupling)  # only keyed couplings plan these
             found = _check_invariance(scheme, pair, shape, window)
         except Exception as err:
             violations.append(Violation(repr(shape), label, "exception", _describe(err)))
@@ -356,11 +359,11 @@ def _run(scheme: Scheme, plan: _Plan, tick: Callable[[str], None]) -> SchemeRepo
 
 
 def _check_invariance(
-    scheme: Scheme, pair: ModelPair, shape: Shape, window: int | None
+    scheme: KeyedCoupling, pair: ModelPair, shape: Shape, window: int | None
 ) -> list[str]:
     """Strong couplings must emit seeded target-only decoding for every drafter; conditional
     ones (active-set GLS) identical verdicts for identical draft tokens."""
-    if isinstance(scheme, KeyedScheme) and scheme.invariance == "strong":
+    if scheme.strong_invariance:
         return strong_violations(scheme, pair, shape, window=window)
     problems, compared = conditional_violations(scheme, pair, shape, window=window)
     if compared == 0:
@@ -376,6 +379,8 @@ def _check_refusal(scheme: Scheme, shape: Shape) -> list[Violation]:
         ("round_law", lambda: round_law(scheme, pair, shape)),
         ("speculate", lambda: speculate(scheme, pair, shape, np.random.default_rng(0))),
     )
+    if isinstance(scheme, TreeVerifier):
+        calls = (*calls, *_direct_calls(scheme, pair, shape))
     found = []
     for name, call in calls:
         try:
@@ -388,6 +393,22 @@ def _check_refusal(scheme: Scheme, shape: Shape) -> list[Violation]:
             detail = f"supports() is False but {name} silently accepted the shape"
         found.append(Violation(repr(shape), label, "refusal", detail))
     return found
+
+
+def _direct_calls(
+    scheme: TreeVerifier, pair: ModelPair, shape: Shape
+) -> tuple[tuple[str, Callable[[], object]], ...]:
+    """``verify`` and ``verdict_law`` on a tree of the refused shape that the scheme is not exact
+    for (a tree that degenerated to a sampled chain may be verified)."""
+    for tree, _ in shape.enumerate(pair):
+        if not scheme.exact_for(tree.law, tree.is_chain):
+            target, draft = tables(pair, tree)
+            noise = Noise.draw(np.random.default_rng(0), tree.num_nodes)
+            return (
+                ("verify", functools.partial(scheme.verify, tree, target, draft, noise)),
+                ("verdict_law", functools.partial(scheme.verdict_law, tree, target, draft)),
+            )
+    return ()
 
 
 def _check_closed_form(

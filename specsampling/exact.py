@@ -11,30 +11,90 @@ outputs shorter than :math:`m` extended by target samples equals the target join
 stream, which :func:`stream_law` computes by repeating rounds.
 
 Everything here enumerates and is meant for small vocabularies and shapes; with ``Fraction``
-pairs the results are exact.
+pairs the results are exact. Each entry point estimates its work first (:func:`check_work`):
+beyond ``max_trees`` draftable trees it refuses at once, naming the cost and the Monte-Carlo
+alternative (:func:`specsampling.simulators.estimate_emitted`), and runs that take long report
+their progress on standard error.
 """
 
 from __future__ import annotations
 
+import sys
+import time
 from typing import Any
 
 import numpy as np
 
 from ._types import Law, Prefix, Probs
-from .pairs import ModelPair, Stationary
-from .schemes import get_scheme
+from .ops import clip_probability
+from .pairs import ModelPair, Stationary, check_model_pair
+from .schemes import KeyedCoupling, Scheme, SchemeLike, get_scheme
 from .shapes import Shape
 from .validation import check_positive_int
 
 #: Largest number of draftable trees the single-position helpers will enumerate.
 MAX_ENUMERATION = 200_000
+#: Default largest number of draftable trees (keyed couplings: target paths) one round law may
+#: enumerate; every entry point takes ``max_trees=`` to change it.
+MAX_TREES = 2_000_000
+#: Rounds estimated above this many trees print their progress on standard error.
+PROGRESS_ABOVE = 20_000
+_MONTE_CARLO = (
+    "estimate it by Monte Carlo instead: specsampling.simulators.estimate_emitted(scheme, pair, "
+    "shape, num_rounds, rng)"
+)
 
 
-def round_law(scheme: Any, pair: ModelPair, shape: Shape, prefix: Prefix = ()) -> Law:
+def check_work(
+    scheme: SchemeLike, pair: ModelPair, shape: Shape, max_trees: int = MAX_TREES
+) -> int:
+    """Upper bound on the trees one round law enumerates; refuse beyond ``max_trees``.
+
+    Tree verifiers enumerate :meth:`Shape.count_trees` trees over the vocabulary; keyed
+    couplings walk the target's paths, ``vocab_size ** depth`` of them.
+
+    >>> import specsampling as ss
+    >>> check_work("specinfer", ss.pairs.Random(3, seed=0), ss.Shape.paths(2, 2))
+    81
+    >>> check_work("rsd", ss.pairs.Random(150_000, seed=0), ss.Shape.star(8, replacement=False))
+    Traceback (most recent call last):
+    ...
+    ValueError: round law of 'rsd' on star(8, replacement=False) over 150000 tokens would \
+enumerate about 2.6e+41 draft trees, more than max_trees=2000000; estimate it by Monte Carlo \
+instead: specsampling.simulators.estimate_emitted(scheme, pair, shape, num_rounds, rng)
+    """
+    resolved = get_scheme(scheme)
+    check_model_pair(pair)
+    if not isinstance(shape, Shape):
+        raise TypeError(f"shape: expected a specsampling.Shape, got {shape!r}")
+    limit = check_positive_int(max_trees, "max_trees")
+    resolved.check(shape)
+    vocab = pair.vocab_size
+    if isinstance(resolved, KeyedCoupling):
+        count, what = vocab**shape.depth, "target paths"
+    else:
+        count, what = shape.count_trees(vocab), "draft trees"
+    if count > limit:
+        raise ValueError(
+            f"round law of {resolved.name!r} on {shape!r} over {vocab} tokens would enumerate "
+            f"about {float(count):.2g} {what}, more than max_trees={limit}; {_MONTE_CARLO}"
+        )
+    return int(count)
+
+
+def round_law(
+    scheme: SchemeLike,
+    pair: ModelPair,
+    shape: Shape,
+    prefix: Prefix = (),
+    *,
+    max_trees: int = MAX_TREES,
+) -> Law:
     """Exact law of the tokens one round emits after ``prefix``.
 
     Returns ``{emitted tuple: probability}``; each tuple holds the accepted drafts and the next
-    token, so its length is ``num_accepted + 1``.
+    token, so its length is ``num_accepted + 1``. Refuses rounds of more than ``max_trees``
+    draftable trees (:func:`check_work`).
 
     >>> import specsampling as ss
     >>> from fractions import Fraction as F
@@ -44,14 +104,18 @@ def round_law(scheme: Any, pair: ModelPair, shape: Shape, prefix: Prefix = ()) -
     (Fraction(1, 4), Fraction(1, 4), Fraction(1, 1))
     """
     resolved = get_scheme(scheme)
+    count = check_work(resolved, pair, shape, max_trees)
     law: Law = {}
     vocab_size = pair.vocab_size
+    progress = _Progress(f"round law of {resolved.name!r} on {shape!r}", count)
     for tree, weight, verdicts in resolved.outcomes(pair, shape, tuple(prefix)):
+        progress.tick()
         for verdict, prob in verdicts.items():
             if not 0 <= verdict.token < vocab_size:
                 raise AssertionError(f"{resolved.name}: emitted token {verdict.token} out of range")
             emitted = (*tree.prefix(verdict.node), verdict.token)
             law[emitted] = law.get(emitted, 0) + weight * prob
+    progress.done()
     return law
 
 
@@ -70,11 +134,17 @@ def target_joint(pair: ModelPair, length: int, prefix: Prefix = ()) -> Law:
 
 
 def extended_law(
-    scheme: Any, pair: ModelPair, shape: Shape, length: int, prefix: Prefix = ()
+    scheme: SchemeLike,
+    pair: ModelPair,
+    shape: Shape,
+    length: int,
+    prefix: Prefix = (),
+    *,
+    max_trees: int = MAX_TREES,
 ) -> Law:
     """Law of the next ``length`` tokens: one round of ``scheme``, then target samples."""
     law: Law = {}
-    for emitted, prob in round_law(scheme, pair, shape, prefix).items():
+    for emitted, prob in round_law(scheme, pair, shape, prefix, max_trees=max_trees).items():
         if len(emitted) >= length:
             _add(law, emitted[:length], prob)
             continue
@@ -84,7 +154,15 @@ def extended_law(
     return law
 
 
-def stream_law(scheme: Any, pair: ModelPair, shape: Shape, length: int, prefix: Prefix = ()) -> Law:
+def stream_law(
+    scheme: SchemeLike,
+    pair: ModelPair,
+    shape: Shape,
+    length: int,
+    prefix: Prefix = (),
+    *,
+    max_trees: int = MAX_TREES,
+) -> Law:
     """Exact law of the first ``length`` tokens emitted by repeated rounds of ``scheme``.
 
     Round laws are computed once per visited context, so the cost grows with
@@ -103,7 +181,7 @@ def stream_law(scheme: Any, pair: ModelPair, shape: Shape, length: int, prefix: 
         if remaining == 0:
             return {(): 1}
         if context not in rounds:
-            rounds[context] = round_law(scheme, pair, shape, context)
+            rounds[context] = round_law(scheme, pair, shape, context, max_trees=max_trees)
         law: Law = {}
         for emitted, prob in rounds[context].items():
             if len(emitted) >= remaining:
@@ -117,7 +195,13 @@ def stream_law(scheme: Any, pair: ModelPair, shape: Shape, length: int, prefix: 
 
 
 def lossless_error(
-    scheme: Any, pair: ModelPair, shape: Shape, length: int | None = None, prefix: Prefix = ()
+    scheme: SchemeLike,
+    pair: ModelPair,
+    shape: Shape,
+    length: int | None = None,
+    prefix: Prefix = (),
+    *,
+    max_trees: int = MAX_TREES,
 ) -> Any:
     """Max absolute deviation of the emitted law from the target joint (0 iff lossless).
 
@@ -132,14 +216,22 @@ def lossless_error(
     Fraction(0, 1)
     """
     resolved = get_scheme(scheme)
+    check_work(resolved, pair, shape, max_trees)
     length = shape.depth + 1 if length is None else check_positive_int(length, "length")
-    emitted = extended_law(resolved, pair, shape, length, prefix)
+    emitted = extended_law(resolved, pair, shape, length, prefix, max_trees=max_trees)
     target = target_joint(pair, length, prefix)
     deviations = [abs(emitted.get(seq, 0) - target.get(seq, 0)) for seq in {*emitted, *target}]
     return max(deviations)
 
 
-def expected_emitted(scheme: Any, pair: ModelPair, shape: Shape, prefix: Prefix = ()) -> Any:
+def expected_emitted(
+    scheme: SchemeLike,
+    pair: ModelPair,
+    shape: Shape,
+    prefix: Prefix = (),
+    *,
+    max_trees: int = MAX_TREES,
+) -> Any:
     """Exact block efficiency :math:`E[\\tau + 1]`: expected tokens emitted by one round.
 
     >>> import specsampling as ss
@@ -148,15 +240,17 @@ def expected_emitted(scheme: Any, pair: ModelPair, shape: Shape, prefix: Prefix 
     >>> ss.expected_emitted("specinfer", pair, ss.Shape.paths(2, 2))
     Fraction(7, 3)
     """
-    law = round_law(scheme, pair, shape, prefix)
+    law = round_law(scheme, pair, shape, prefix, max_trees=max_trees)
     return sum(prob * len(emitted) for emitted, prob in law.items())
 
 
-def acceptance(scheme: Any, target: Any, draft: Any, num_drafts: int) -> Any:
+def acceptance(scheme: SchemeLike, target: Any, draft: Any, num_drafts: int) -> Any:
     r"""Single position: :math:`P(Y \in \{x_1..x_k\})` under the scheme's own draft law.
 
     Uses the scheme's closed form when it has one (vectorised, any vocabulary size), otherwise
-    exact enumeration of the candidate tuples (small vocabularies only).
+    exact enumeration of the candidate tuples (small vocabularies only: beyond
+    ``MAX_ENUMERATION`` tuples it refuses at once and names the Monte-Carlo alternative). A
+    float result is a probability, clipped to ``[0, 1]`` against rounding.
 
     >>> import specsampling as ss
     >>> round(float(ss.acceptance("specinfer", [1/2, 1/3, 1/6], [1/3] * 3, 3)), 6)
@@ -166,12 +260,14 @@ def acceptance(scheme: Any, target: Any, draft: Any, num_drafts: int) -> Any:
     pair = Stationary(target, draft)
     k = check_positive_int(num_drafts, "num_drafts")
     closed = resolved.closed_acceptance(pair.target(()), pair.draft(()), k)
-    if closed is not None:
-        return closed
-    return enumerated_acceptance(resolved, pair, _single_shape(resolved, pair, k))
+    if closed is None:
+        closed = enumerated_acceptance(resolved, pair, _single_shape(resolved, pair, k))
+    return clip_probability(closed)
 
 
-def enumerated_acceptance(scheme: Any, pair: ModelPair, shape: Shape, prefix: Prefix = ()) -> Any:
+def enumerated_acceptance(
+    scheme: SchemeLike, pair: ModelPair, shape: Shape, prefix: Prefix = ()
+) -> Any:
     r""":math:`P(Y \in \text{root candidates})` by enumerating every drafted tree of ``shape``.
 
     ``Y`` is the first emitted token; a correction token equal to a drafted candidate counts.
@@ -193,7 +289,7 @@ def enumerated_acceptance(scheme: Any, pair: ModelPair, shape: Shape, prefix: Pr
     return total
 
 
-def output_law(scheme: Any, target: Any, draft: Any, num_drafts: int) -> Probs:
+def output_law(scheme: SchemeLike, target: Any, draft: Any, num_drafts: int) -> Probs:
     """Single position: exact law of the emitted token, an array over the vocabulary.
 
     >>> import specsampling as ss
@@ -210,19 +306,46 @@ def output_law(scheme: Any, target: Any, draft: Any, num_drafts: int) -> Probs:
     return out
 
 
-def _single_shape(scheme: Any, pair: Stationary, num_drafts: int) -> Shape:
-    shape: Shape = scheme.single_shape(num_drafts)
+def _single_shape(scheme: Scheme, pair: Stationary, num_drafts: int) -> Shape:
+    shape = scheme.single_shape(num_drafts)
     scheme.check(shape)
     size = int(np.count_nonzero(np.asarray(pair.draft(()) > 0)))
-    count = 1
-    for i, (_, mode) in enumerate(shape.steps):
-        count *= size if mode in ("iid", "hub") else max(1, size - i) if mode == "without" else 1
+    count = shape.count_trees(size)
     if count > MAX_ENUMERATION:
         raise ValueError(
-            f"scheme {scheme.name!r} has no closed form here and exact enumeration of "
-            f"{count} draft tuples exceeds {MAX_ENUMERATION}"
+            f"scheme {scheme.name!r} has no closed form for num_drafts={num_drafts}, and exact "
+            f"enumeration would draft about {float(count):.2g} candidate tuples over the "
+            f"{size} draft tokens of positive probability, more than {MAX_ENUMERATION}; "
+            f"{_MONTE_CARLO} with pair=Stationary(target, draft), shape={shape!r}: acceptance "
+            "is its mean minus 1"
         )
     return shape
+
+
+class _Progress:
+    """Progress of a long enumeration on standard error, at most once a second."""
+
+    def __init__(self, label: str, estimate: int) -> None:
+        self.label, self.estimate, self.count = label, estimate, 0
+        self.active = estimate > PROGRESS_ABOVE
+        self.start = self.last = time.monotonic()
+
+    def tick(self) -> None:
+        self.count += 1
+        if self.active and self.count % 1024 == 0 and time.monotonic() - self.last >= 1:
+            self.last = time.monotonic()
+            share = min(1.0, self.count / self.estimate)
+            print(
+                f"\r{self.label}: {self.count} of at most {self.estimate} trees ({share:.0%})",
+                end="",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def done(self) -> None:
+        if self.active and self.last > self.start:
+            elapsed = time.monotonic() - self.start
+            print(f"\r{self.label}: {self.count} trees in {elapsed:.1f} s", file=sys.stderr)
 
 
 def _first(tree: Any, verdict: Any) -> int:

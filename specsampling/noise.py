@@ -15,8 +15,18 @@ class Noise(NamedTuple):
 
     ``accept[n]`` is the uniform of the accept test of the candidate held by node ``n``;
     ``sample[n]`` is the uniform of the categorical draw (residual, correction or bonus token)
-    made at node ``n``. A scheme consumes each entry at most once, so both backends fed the same
-    noise make the same decisions.
+    made at node ``n``, by inverse CDF (:func:`~specsampling.ops.categorical`). Both backends fed
+    the same noise make the same decisions; this is the contract a lowering must follow.
+
+    **Duplicate candidates.** An i.i.d. node can list one child several times
+    (``tree.candidates[n] == (c, d, c)``). The ratio schemes that test every copy (``specinfer``,
+    ``rsd``) read ``accept[c]`` as is each time: after a rejection the residual gives the token
+    zero mass, so a later copy is rejected whatever its uniform. ``spectr`` and ``resispec``
+    keep the token's mass, so they **reuse** the uniform: the first copy reads ``accept[c]``
+    and, once rejected with accept probability ``a``, the next copy reads
+    :func:`~specsampling.ops.reuse_uniform` ``(u, a) = (u - a) / (1 - a)``, which is again
+    uniform on ``[0, 1)`` and independent of the first test's outcome. Every other entry is read
+    at most once per round.
 
     >>> import numpy as np
     >>> noise = Noise.draw(np.random.default_rng(0), 3)

@@ -8,15 +8,21 @@ written with them is exact with rational inputs.
 * :func:`residual` -- :math:`\mathrm{norm}((p - q)_+)` with the zero-mass rule.
 * :func:`categorical` -- a draw by inverse CDF that never returns a zero-mass token.
 * :func:`remove_token` -- a distribution with one token deleted and the rest renormalised.
+* :func:`reuse_uniform` -- the rejected uniform rescaled for a duplicate candidate.
+* :func:`standard_step` / :func:`standard_step_law` -- one accept-or-residual step and its law.
+* :func:`memo_by_distribution` -- memoise a per-node computation by the distributions' contents.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 
 from ._types import Probs, Scalar
+from .noise import LARGEST_BELOW_ONE
 
 
 def accepts(u: float, target_x: Scalar, draft_x: Scalar) -> bool:
@@ -121,3 +127,107 @@ def categorical(probs: Probs, u: float) -> int:
 def support(probs: Probs) -> Any:
     """Indices of the tokens with positive mass, in increasing order."""
     return np.flatnonzero(np.asarray(probs > 0, dtype=bool))
+
+
+def reuse_uniform(u: float, accept: Scalar) -> float:
+    """A rejected accept-test uniform, rescaled to a fresh uniform for the next copy of a token.
+
+    Given ``u >= accept`` (the test was rejected), ``(u - accept) / (1 - accept)`` is uniform on
+    ``[0, 1)`` and independent of the rejection; it is clipped into ``[0, 1)`` against rounding
+    (see :class:`~specsampling.Noise` for which schemes use it).
+
+    >>> reuse_uniform(0.75, 0.5), reuse_uniform(0.5, 0.5)
+    (0.5, 0.0)
+    """
+    rescaled = float((u - accept) / (1 - accept))
+    return min(max(rescaled, 0.0), LARGEST_BELOW_ONE)
+
+
+def standard_step(
+    target: Probs, draft: Probs, token: int, u_accept: float, u_sample: float
+) -> int | None:
+    """One standard step on a single candidate: ``None`` when ``token`` is accepted
+    (``u_accept * q(token) < p(token)``), else the residual draw by inverse CDF.
+
+    >>> import numpy as np
+    >>> p, q = np.array([0.5, 0.5]), np.array([0.9, 0.1])
+    >>> standard_step(p, q, 0, 0.5, 0.3), standard_step(p, q, 0, 0.6, 0.3)
+    (None, 1)
+    """
+    if accepts(u_accept, target[token], draft[token]):
+        return None
+    return categorical(residual(target, draft), u_sample)
+
+
+def standard_step_law(target: Probs, draft: Probs, token: int) -> tuple[Scalar, Probs]:
+    """The exact law of :func:`standard_step`: ``(P(accept), P(emit t) for every t)``.
+
+    >>> from fractions import Fraction as F
+    >>> import numpy as np
+    >>> p, q = np.array([F(1, 2), F(1, 2)]), np.array([F(3, 4), F(1, 4)])
+    >>> standard_step_law(p, q, 0)
+    (Fraction(2, 3), array([Fraction(0, 1), Fraction(1, 3)], dtype=object))
+    """
+    accept = accept_probability(target[token], draft[token])
+    return accept, (1 - accept) * residual(target, draft)
+
+
+def clip_probability(value: Any) -> Any:
+    """A float probability clipped into ``[0, 1]`` against rounding; exact values unchanged.
+
+    >>> clip_probability(-2.2e-16), clip_probability(1 + 2e-16), clip_probability(0.25)
+    (0.0, 1.0, 0.25)
+    """
+    if isinstance(value, (float, np.floating)):
+        return float(min(max(value, 0.0), 1.0))
+    return value
+
+
+#: :func:`memo_by_distribution` caches vocabularies up to this size (larger ones are recomputed).
+MEMO_VOCAB = 1024
+_Result = TypeVar("_Result")
+
+
+def memo_by_distribution(
+    function: Callable[..., _Result],
+) -> Callable[..., _Result]:
+    """Memoise ``function(target, draft, *args)`` by the contents of the two distributions.
+
+    Exact enumeration revisits the same node distributions in every tree it drafts, so per-node
+    work (SpecTr's :math:`\\rho^*`, ResiSpec's optimised policy) is computed once per
+    distinct ``(target, draft, *args)``; float rows are keyed by their bytes, ``Fraction`` rows
+    by their values. Vocabularies above ``MEMO_VOCAB`` are not cached.
+
+    >>> calls = []
+    >>> @memo_by_distribution
+    ... def mass(target, draft, scale):
+    ...     calls.append(scale)
+    ...     return scale * float(target @ draft)
+    >>> p = np.array([0.5, 0.5])
+    >>> mass(p, p, 2), mass(p.copy(), p.copy(), 2), calls
+    (1.0, 1.0, [2])
+    """
+
+    @functools.lru_cache(maxsize=4096)
+    def cached(target: Any, draft: Any, *args: Any) -> _Result:
+        return function(_unkey(target), _unkey(draft), *args)
+
+    @functools.wraps(function)
+    def memoised(target: Probs, draft: Probs, *args: Any) -> _Result:
+        if target.shape[-1] > MEMO_VOCAB:
+            return function(target, draft, *args)
+        return cached(_key(target), _key(draft), *args)
+
+    return memoised
+
+
+def _key(probs: Probs) -> Any:
+    if probs.dtype == object:
+        return tuple(probs)
+    return np.asarray(probs, dtype=np.float64).tobytes()
+
+
+def _unkey(key: Any) -> Probs:
+    if isinstance(key, bytes):
+        return np.frombuffer(key)
+    return np.array(key, dtype=object)

@@ -28,7 +28,7 @@ replacement it is verified numerically only. Hence the :math:`O(V \log V)` i.i.d
 :math:`\alpha^* = \min_j [P_j + 1 - Q_j^k]` over cumulative sums, while without replacement
 :func:`optimal_acceptance` minimises over **all** subsets when the draft has at most
 :data:`MAX_SUBSET_SUPPORT` tokens and over the sorted prefixes beyond, with :math:`W` from the
-exponential-race quadrature of :mod:`specsampling._race`.
+exponential-race quadrature of :mod:`specsampling._optimal_race`.
 
 Reference: Hu et al., "Towards Optimal Multi-draft Speculative Decoding", arXiv 2502.18779.
 """
@@ -46,7 +46,7 @@ import numpy.typing as npt
 from scipy import sparse
 from scipy.optimize import linprog
 
-from . import _race
+from . import _optimal_race
 from ._types import Probs
 from .pairs import Stationary
 from .shapes import Shape
@@ -326,7 +326,7 @@ def _prefix_optimum(target: Probs, draft: Probs, k: int) -> float:
         iid_bound = np.exp(k * np.log1p(-np.clip(rest, 0.0, 1.0)))  # Q_j^k >= W_j
     batch = np.unique(np.linspace(k, size - 1, BATCH).astype(np.intp))
     while batch.size:
-        masses[batch] = _race.prefix_masses(inside, k, batch)
+        masses[batch] = _optimal_race.prefix_masses(inside, k, batch)
         best = float(np.nanmin(spent + 1.0 - masses))
         following = np.minimum.accumulate(np.where(np.isnan(masses), 1.0, masses)[::-1])[::-1]
         lower = spent + 1.0 - np.minimum(iid_bound, following)

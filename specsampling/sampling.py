@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
 from ._types import Prefix
 from .keyed import KeyedNoise
-from .pairs import ModelPair
-from .schemes import SCHEMES, KeyedScheme, Verdict, get_scheme
+from .pairs import ModelPair, check_model_pair
+from .schemes import SCHEMES, KeyedCoupling, SchemeLike, Verdict, get_scheme
 from .shapes import Shape
 from .tree import DraftTree
 from .validation import check_positive_int
@@ -50,7 +50,7 @@ class Generation(tuple[int, ...]):
 
 
 def speculate(
-    scheme: Any,
+    scheme: SchemeLike,
     pair: ModelPair,
     shape: Shape,
     rng: np.random.Generator,
@@ -71,22 +71,25 @@ def speculate(
     True
     """
     resolved = get_scheme(scheme)
+    check_model_pair(pair)
+    if not isinstance(shape, Shape):
+        raise TypeError(f"shape: expected a specsampling.Shape, got {shape!r}")
     if not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng: expected a numpy.random.Generator, got {type(rng).__name__}")
     if noise is None:
         tree, verdict = resolved.sample(pair, shape, rng, tuple(prefix))
-    elif isinstance(resolved, KeyedScheme):
+    elif isinstance(resolved, KeyedCoupling):
         tree, verdict = resolved.sample_keyed(pair, shape, noise, tuple(prefix))
     else:
         raise ValueError(
             f"key: scheme {resolved.name!r} does not use keyed noise; only the keyed couplings "
-            f"{sorted(n for n, s in SCHEMES.items() if isinstance(s, KeyedScheme))} take a key"
+            f"{sorted(n for n, s in SCHEMES.items() if isinstance(s, KeyedCoupling))} take a key"
         )
     return Round(tree, verdict, (*tree.prefix(verdict.node), verdict.token))
 
 
 def generate(
-    scheme: Any,
+    scheme: SchemeLike,
     pair: ModelPair,
     shape: Shape,
     length: int,

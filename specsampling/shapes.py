@@ -1,7 +1,7 @@
 """Draft shapes: how a round drafts a tree, and the exact law of every tree it can draft.
 
 A shape is a static plan of *draw steps*. Step ``s`` draws one token below the node produced by
-its parent step (the root for ``-1``) in one of three modes:
+its parent step (the root for ``-1``) in one of four modes:
 
 * ``iid`` -- from the draft distribution ``q(. | node)``;
 * ``without`` -- from ``q`` with the node's earlier candidates removed and renormalised (skipped,
@@ -11,7 +11,9 @@ its parent step (the root for ``-1``) in one of three modes:
   draw from ``q`` without the node's earlier candidates (SpecHub's second draft).
 
 Draws of a token the node already has add that child to the node's candidate list again, so
-i.i.d. children keep their multiplicity (see :class:`~specsampling.tree.DraftTree`).
+i.i.d. children keep their multiplicity (see :class:`~specsampling.tree.DraftTree`). Every tree a
+shape drafts or enumerates carries the shape's :class:`~specsampling.tree.DrawLaw`, so verifiers
+called on it directly can refuse laws they are not exact for.
 """
 
 from __future__ import annotations
@@ -25,11 +27,10 @@ import numpy as np
 from ._types import Prefix, Probs, Scalar
 from .ops import categorical, support
 from .pairs import ModelPair
-from .tree import DraftTree
+from .tree import DraftTree, DrawLaw
 from .validation import check_positive_int
 
 Mode = Literal["iid", "without", "top", "hub"]
-Law = Literal["iid", "without", "deterministic", "greedy", "hub"]
 #: ``choose(proposal, node_path, step)``: the drawn tokens with their weights.
 Chooser = Callable[[Probs, Prefix, int], Iterable[tuple[int, Scalar]]]
 
@@ -45,7 +46,8 @@ class Shape:
     steps
         ``(parent_step, mode)`` per draw step, parents before children.
     law
-        ``"iid"``, ``"without"`` or ``"deterministic"``: how sibling candidates are drawn.
+        The :class:`~specsampling.tree.DrawLaw` of sibling candidates: ``IID``, ``WITHOUT``,
+        ``DETERMINISTIC`` (``top``), or the schemes' own ``GREEDY`` and ``HUB``.
     is_chain
         Every node has at most one candidate and drafts are sampled: a single path.
     """
@@ -53,7 +55,7 @@ class Shape:
     kind: str
     params: tuple[Any, ...]
     steps: tuple[tuple[int, Mode], ...]
-    law: Law
+    law: DrawLaw
     is_chain: bool
 
     def __repr__(self) -> str:
@@ -68,7 +70,7 @@ class Shape:
         3
         """
         length = check_positive_int(length, "length")
-        return cls("chain", (length,), _path_steps(-1, length), "iid", True)
+        return cls("chain", (length,), _path_steps(-1, length), DrawLaw.IID, True)
 
     @classmethod
     def star(cls, num_drafts: int, replacement: bool = True) -> Shape:
@@ -78,8 +80,9 @@ class Shape:
         star(4, replacement=False)
         """
         k = check_positive_int(num_drafts, "num_drafts")
+        replacement = _check_bool(replacement, "replacement")
         mode: Mode = "iid" if replacement else "without"
-        law: Law = "iid" if replacement else "without"
+        law = DrawLaw.IID if replacement else DrawLaw.WITHOUT
         return cls("star", (k, _Kw("replacement", replacement)), ((-1, mode),) * k, law, k == 1)
 
     @classmethod
@@ -90,14 +93,15 @@ class Shape:
         steps: list[tuple[int, Mode]] = []
         for _ in range(k):
             steps.extend(_path_steps(-1, length, offset=len(steps)))
-        return cls("paths", (k, length), tuple(steps), "iid", k == 1)
+        return cls("paths", (k, length), tuple(steps), DrawLaw.IID, k == 1)
 
     @classmethod
     def branching(cls, widths: Sequence[int], replacement: bool = False) -> Shape:
         """``widths[d]`` children below every node of depth ``d`` (default without replacement)."""
         widths = _check_widths(widths)
+        replacement = _check_bool(replacement, "replacement")
         mode: Mode = "iid" if replacement else "without"
-        law: Law = "iid" if replacement else "without"
+        law = DrawLaw.IID if replacement else DrawLaw.WITHOUT
         steps = _level_steps(widths, mode)
         chain = all(w == 1 for w in widths)
         return cls("branching", (widths, _Kw("replacement", replacement)), steps, law, chain)
@@ -112,13 +116,13 @@ class Shape:
         for _ in range(k):
             steps.extend(_path_steps(trunk - 1, branch, offset=len(steps)))
         params = (k, _Kw("trunk", trunk), _Kw("branch", branch))
-        return cls("delayed", params, tuple(steps), "iid", k == 1)
+        return cls("delayed", params, tuple(steps), DrawLaw.IID, k == 1)
 
     @classmethod
     def top(cls, widths: Sequence[int]) -> Shape:
         """Deterministic tree of the draft's top ``widths[d]`` tokens per node (EAGLE style)."""
         widths = _check_widths(widths)
-        return cls("top", (widths,), _level_steps(widths, "top"), "deterministic", False)
+        return cls("top", (widths,), _level_steps(widths, "top"), DrawLaw.DETERMINISTIC, False)
 
     @classmethod
     def greedy(cls, widths: Sequence[int]) -> Shape:
@@ -130,7 +134,7 @@ class Shape:
         """
         widths = _check_widths(widths)
         steps = _level_steps(widths, "top", last="without")
-        return cls("greedy", (widths,), steps, "greedy", all(w == 1 for w in widths))
+        return cls("greedy", (widths,), steps, DrawLaw.GREEDY, all(w == 1 for w in widths))
 
     @classmethod
     def hub(cls, depth: int = 1) -> Shape:
@@ -138,7 +142,7 @@ class Shape:
         ``x1 != a``, else ``x2 ~ q`` without ``a``; nodes of depth below ``depth`` branch."""
         depth = check_positive_int(depth, "depth")
         steps = _level_steps((2,) * depth, "iid", last="hub")
-        return cls("hub", (depth,), steps, "hub", False)
+        return cls("hub", (depth,), steps, DrawLaw.HUB, False)
 
     # ------------------------------------------------------------------ queries
     @property
@@ -148,6 +152,74 @@ class Shape:
         for parent, _ in self.steps:
             depths.append(1 if parent < 0 else depths[parent] + 1)
         return max(depths)
+
+    @property
+    def level_widths(self) -> tuple[int, ...] | None:
+        """Children per node at each depth when every node of a depth has the same number of
+        draw steps (chains, stars, ``branching``, ``top``, ``greedy``); else ``None``.
+
+        >>> Shape.star(3, replacement=False).level_widths, Shape.branching((2, 1)).level_widths
+        ((3,), (2, 1))
+        >>> Shape.paths(2, 2).level_widths  # structurally branching((2, 1), replacement=True)
+        (2, 1)
+        """
+        below: dict[int, list[int]] = {}
+        for step, (parent, _) in enumerate(self.steps):
+            below.setdefault(parent, []).append(step)
+        widths: list[int] = []
+        level = [-1]
+        while any(node in below for node in level):
+            counts = {len(below.get(node, ())) for node in level}
+            if len(counts) != 1:
+                return None
+            widths.append(counts.pop())
+            level = [child for node in level for child in below[node]]
+        return tuple(widths)
+
+    @property
+    def root_paths(self) -> tuple[int, ...] | None:
+        """Lengths of the i.i.d. paths when the shape is paths drafted independently from the
+        root and merged into a trie (``paths``, i.i.d. ``star``, ``chain``, ``delayed`` without a
+        trunk); else ``None``.
+
+        >>> Shape.delayed(2, trunk=0, branch=2).root_paths == Shape.paths(2, 2).root_paths
+        True
+        >>> Shape.star(2).root_paths, Shape.delayed(2, trunk=1, branch=1).root_paths
+        ((1, 1), None)
+        """
+        if any(mode != "iid" for _, mode in self.steps):
+            return None
+        children: dict[int, int] = {}
+        lengths: list[int] = []
+        for step, (parent, _) in enumerate(self.steps):
+            if parent < 0:
+                lengths.append(1)
+            elif children.get(parent, 0) or parent != step - 1:
+                return None
+            else:
+                lengths[-1] += 1
+            children[parent] = children.get(parent, 0) + 1
+        return tuple(lengths)
+
+    def count_trees(self, support_size: int) -> int:
+        """Upper bound on the trees :meth:`enumerate` yields when every draft has
+        ``support_size`` tokens of positive probability: an i.i.d. or hub step has
+        ``support_size`` outcomes, the ``i``-th sibling drawn without replacement
+        ``support_size - i`` (at least one: exhausted steps are skipped), a top step one.
+
+        >>> Shape.star(2, replacement=False).count_trees(3), Shape.paths(2, 2).count_trees(3)
+        (6, 81)
+        """
+        bound = 1
+        siblings: dict[int, int] = {}
+        for parent, mode in self.steps:
+            index = siblings.get(parent, 0)
+            siblings[parent] = index + 1
+            if mode in ("iid", "hub"):
+                bound *= support_size
+            elif mode == "without":
+                bound *= max(1, support_size - index)
+        return bound
 
     def draft(self, pair: ModelPair, rng: np.random.Generator, prefix: Prefix = ()) -> DraftTree:
         """Draft one tree after ``prefix``, drawing each token by inverse CDF from ``rng``."""
@@ -203,30 +275,26 @@ class Shape:
     def _grow(
         self, pair: ModelPair, prefix: Prefix, choose: Chooser
     ) -> Iterator[tuple[DraftTree, Any]]:
-        root = _State((), (), {0: ()}, {0: ()})
-        yield from self._expand(pair, prefix, choose, 0, root, 1)
-
-    def _expand(
-        self,
-        pair: ModelPair,
-        prefix: Prefix,
-        choose: Chooser,
-        step: int,
-        state: _State,
-        weight: Any,
-    ) -> Iterator[tuple[DraftTree, Any]]:
-        if step == len(self.steps):
-            yield DraftTree.from_draws(state.draws), weight
-            return
-        parent_step, mode = self.steps[step]
-        node = 0 if parent_step < 0 else state.node_of_step[parent_step]
-        proposal = None if node is None else _proposal(pair, prefix, state, node, mode)
-        if node is None or proposal is None:
-            yield from self._expand(pair, prefix, choose, step + 1, state.skip(), weight)
-            return
-        for token, prob in choose(proposal, state.prefixes[node], step):
-            child = state.add(node, token)
-            yield from self._expand(pair, prefix, choose, step + 1, child, weight * prob)
+        """Depth-first over the steps, in ``choose`` order; a stack, not recursion, so shapes
+        of many steps do not hit the interpreter's recursion limit."""
+        pending: list[tuple[int, _State, Any]] = [(0, _State((), (), {0: ()}, {0: ()}), 1)]
+        while pending:
+            step, state, weight = pending.pop()
+            if step == len(self.steps):
+                yield DraftTree.from_draws(state.draws, self.law), weight
+                continue
+            parent_step, mode = self.steps[step]
+            node = 0 if parent_step < 0 else state.node_of_step[parent_step]
+            proposal = None if node is None else _proposal(pair, prefix, state, node, mode)
+            if node is None or proposal is None:
+                pending.append((step + 1, state.skip(), weight))
+                continue
+            assert node is not None
+            grown = [
+                (step + 1, state.add(node, token), weight * prob)
+                for token, prob in choose(proposal, state.prefixes[node], step)
+            ]
+            pending.extend(reversed(grown))
 
 
 @dataclass(frozen=True)
@@ -300,6 +368,12 @@ def _level_steps(
                 steps.append((parent, group_mode))
         level = next_level
     return tuple(steps)
+
+
+def _check_bool(value: Any, name: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name}: expected True or False, got {value!r}")
+    return bool(value)
 
 
 def _check_widths(widths: Sequence[int]) -> tuple[int, ...]:

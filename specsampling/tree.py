@@ -1,11 +1,69 @@
-"""Draft trees: the tokens a round drafted, as a trie with ordered candidate lists."""
+"""Draft trees: the tokens a round drafted, as a trie with ordered candidate lists and the law
+they were drawn from."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import numpy as np
 
 from ._types import Prefix
+
+
+class DrawLaw(str, Enum):
+    """How a tree's candidates were drawn, given their parent node.
+
+    A verifier is exact only for some laws (specinfer for i.i.d. candidates, rsd for candidates
+    without replacement, ...), so every tree carries its law and verifiers refuse the others.
+    Members compare equal to their string values (``DrawLaw.IID == "iid"``).
+
+    * ``IID``: each candidate an independent draw from the draft ``q(. | node)``;
+    * ``WITHOUT``: drawn in turn from ``q`` with the node's earlier candidates removed;
+    * ``DETERMINISTIC``: chosen without randomness (the draft's top tokens, EAGLE style);
+    * ``GREEDY``, ``HUB``: the own drafting laws of the ``greedy`` and ``spechub`` schemes;
+    * ``UNKNOWN``: not stated (a hand-built tree). Only schemes exact for every tree drawn
+      independently of the verifier's noise (``nss``) accept it.
+
+    >>> DrawLaw("without") is DrawLaw.WITHOUT, DrawLaw.IID == "iid"
+    (True, True)
+    """
+
+    IID = "iid"
+    WITHOUT = "without"
+    DETERMINISTIC = "deterministic"
+    GREEDY = "greedy"
+    HUB = "hub"
+    UNKNOWN = "unknown"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def of(cls, law: Any) -> DrawLaw:
+        """``law`` as a member; a clear :class:`ValueError` for anything else.
+
+        >>> DrawLaw.of("iid")
+        <DrawLaw.IID: 'iid'>
+        >>> DrawLaw.of("random")
+        Traceback (most recent call last):
+        ...
+        ValueError: law: expected one of ['iid', 'without', 'deterministic', 'greedy', 'hub', \
+'unknown'], got 'random'
+        """
+        try:
+            return cls(law)
+        except ValueError:
+            raise ValueError(
+                f"law: expected one of {[m.value for m in cls]}, got {law!r}"
+            ) from None
+
+
+#: Laws under which a node's single candidate is a plain draw from ``q``: a tree of them whose
+#: every node has at most one candidate is a *sampled chain*, which every ratio scheme verifies.
+SAMPLED_LAWS = frozenset({DrawLaw.IID, DrawLaw.WITHOUT, DrawLaw.GREEDY})
 
 
 @dataclass(frozen=True)
@@ -17,12 +75,15 @@ class DraftTree:
     share a token. ``candidates[n]`` lists the child nodes of ``n`` **in drafting order, with
     multiplicity**: i.i.d. drafting can draw the same token twice, and the ratio schemes need
     that multiset in order. Without ``candidates`` each child is a candidate once, in index order.
+    ``law`` (a :class:`DrawLaw`) records how the candidates were drawn: every
+    :class:`~specsampling.Shape` sets it, and whoever builds a tree by hand states it (the default
+    ``"unknown"`` is accepted only by verifiers exact for any tree, such as ``nss``).
 
     Examples
     --------
-    >>> tree = DraftTree.from_draws([(0, 2), (0, 1), (0, 2), (1, 0)])
-    >>> tree.tokens, tree.parents
-    ((-1, 2, 1, 0), (-1, 0, 0, 1))
+    >>> tree = DraftTree.from_draws([(0, 2), (0, 1), (0, 2), (1, 0)], law="iid")
+    >>> tree.tokens, tree.parents, tree.law
+    ((-1, 2, 1, 0), (-1, 0, 0, 1), <DrawLaw.IID: 'iid'>)
     >>> tree.candidates[0], tree.children(0), tree.prefix(3)
     ((1, 2, 1), (1, 2), (2, 0))
     """
@@ -30,9 +91,12 @@ class DraftTree:
     parents: tuple[int, ...]
     tokens: tuple[int, ...]
     candidates: tuple[tuple[int, ...], ...] = field(default=())
+    law: DrawLaw = DrawLaw.UNKNOWN
+    _children: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        parents, tokens = tuple(self.parents), tuple(self.tokens)
+        parents = tuple(_node_id(p, "parents") for p in self.parents)
+        tokens = tuple(_node_id(t, "tokens") for t in self.tokens)
         if not parents or parents[0] != -1 or tokens[0] != -1:
             raise ValueError("tree: node 0 must be the root with parent -1 and token -1")
         if len(parents) != len(tokens):
@@ -61,11 +125,14 @@ class DraftTree:
         object.__setattr__(self, "parents", parents)
         object.__setattr__(self, "tokens", tokens)
         object.__setattr__(self, "candidates", candidates)
+        object.__setattr__(self, "law", DrawLaw.of(self.law))
         object.__setattr__(self, "_children", tuple(_unique(c) for c in candidates))
 
     @classmethod
-    def from_draws(cls, draws: Iterable[tuple[int, int]]) -> DraftTree:
-        """Build a tree from ``(parent_node, token)`` draws in drafting order.
+    def from_draws(
+        cls, draws: Iterable[tuple[int, int]], law: DrawLaw | str = DrawLaw.UNKNOWN
+    ) -> DraftTree:
+        """Build a tree from ``(parent_node, token)`` draws in drafting order, drawn by ``law``.
 
         A draw of a token its parent already has adds that child again to the parent's
         candidate list instead of a new node.
@@ -74,6 +141,7 @@ class DraftTree:
         candidates: list[list[int]] = [[]]
         index: dict[tuple[int, int], int] = {}
         for parent, token in draws:
+            parent, token = _node_id(parent, "draws"), _node_id(token, "draws")
             if not 0 <= parent < len(parents):
                 raise ValueError(f"tree: draw names parent {parent}, which does not exist yet")
             node = index.get((parent, token))
@@ -84,26 +152,44 @@ class DraftTree:
                 tokens.append(token)
                 candidates.append([])
             candidates[parent].append(node)
-        return cls(tuple(parents), tuple(tokens), tuple(tuple(c) for c in candidates))
+        nodes = tuple(tuple(c) for c in candidates)
+        return cls(tuple(parents), tuple(tokens), nodes, DrawLaw.of(law))
 
     @classmethod
-    def chain(cls, tokens: Sequence[int]) -> DraftTree:
+    def chain(cls, tokens: Sequence[int], law: DrawLaw | str = DrawLaw.UNKNOWN) -> DraftTree:
         """A single path of drafted tokens.
 
-        >>> DraftTree.chain([3, 1]).prefix(2)
+        >>> DraftTree.chain([3, 1], law="iid").prefix(2)
         (3, 1)
         """
-        return cls.from_draws((node, token) for node, token in enumerate(tokens))
+        return cls.from_draws(((node, token) for node, token in enumerate(tokens)), law)
+
+    def with_law(self, law: DrawLaw | str) -> DraftTree:
+        """The same tree, stating that its candidates were drawn by ``law``."""
+        return DraftTree(self.parents, self.tokens, self.candidates, DrawLaw.of(law))
 
     @property
     def num_nodes(self) -> int:
         """Number of nodes, the root included."""
         return len(self.parents)
 
+    @property
+    def is_chain(self) -> bool:
+        """Every node has at most one candidate (counted with multiplicity).
+
+        >>> DraftTree.chain([3, 1]).is_chain, DraftTree.from_draws([(0, 1), (0, 1)]).is_chain
+        (True, False)
+        """
+        return all(len(c) <= 1 for c in self.candidates)
+
+    @property
+    def is_sampled_chain(self) -> bool:
+        """A chain whose candidates are plain draws from the draft (law in ``SAMPLED_LAWS``)."""
+        return self.is_chain and self.law in SAMPLED_LAWS
+
     def children(self, node: int) -> tuple[int, ...]:
         """Distinct children of ``node`` in first-drafted order."""
-        kids: tuple[tuple[int, ...], ...] = self._children  # type: ignore[attr-defined]
-        return kids[node]
+        return self._children[node]
 
     def child_with_token(self, node: int, token: int) -> int | None:
         """The child of ``node`` holding ``token``, or ``None``."""
@@ -132,3 +218,10 @@ class DraftTree:
 
 def _unique(nodes: Sequence[int]) -> tuple[int, ...]:
     return tuple(dict.fromkeys(nodes))
+
+
+def _node_id(value: Any, name: str) -> int:
+    """An integer id (token or node), refusing floats, bools and strings with a clear error."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"tree: {name} holds integer ids, got {value!r}")
+    return int(value)

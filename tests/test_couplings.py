@@ -264,7 +264,7 @@ def _generate(name: str, key: int, length: int = 40):
 @pytest.mark.parametrize("name", sorted(STRONG))
 def test_strong_invariance_equals_seeded_target_only_decoding(name: str, window) -> None:
     rows = ss.SCHEMES[name].rows(STRONG[name][0])
-    assert ss.SCHEMES[name].invariance == "strong"
+    assert ss.SCHEMES[name].strong_invariance
     reference = decode(
         _TargetOnly(), 40, KeyedNoise(31, window, len(PROMPT)), rows=rows, prefix=PROMPT
     )

@@ -265,10 +265,10 @@ def test_spechub_with_a_one_hot_draft_has_one_candidate():
 
 def test_spechub_refuses_a_pair_without_the_hub():
     pair = Stationary([0.25] * 4, [0.4, 0.3, 0.2, 0.1])
-    tree = ss.DraftTree.from_draws([(0, 1), (0, 2)])
+    tree = ss.DraftTree.from_draws([(0, 1), (0, 2)], law="hub")
     with pytest.raises(ValueError, match="hub"):
         SPECHUB.verdict_law(tree, *tables(pair, tree))
-    tree = ss.DraftTree.from_draws([(0, 1), (0, 0), (0, 2)])
+    tree = ss.DraftTree.from_draws([(0, 1), (0, 0), (0, 2)], law="hub")
     with pytest.raises(ValueError, match="3 candidates"):
         SPECHUB.verdict_law(tree, *tables(pair, tree))
 

@@ -43,14 +43,14 @@ def _shapes(name: str) -> list[ss.Shape]:
 @pytest.mark.parametrize("window", [None, 2])
 def test_strong_couplings_emit_target_only_decoding(name: str, window: int | None) -> None:
     scheme = ss.SCHEMES[name]
-    assert scheme.invariance == "strong"
+    assert scheme.strong_invariance
     for shape in _shapes(name):
         assert strong_violations(scheme, PAIR, shape, window=window, length=20) == []
 
 
 def test_active_set_gls_is_not_strongly_invariant_but_conditionally() -> None:
     gls = ss.SCHEMES["gls"]
-    assert gls.invariance == "conditional"
+    assert not gls.strong_invariance
     assert strong_violations(gls, PAIR, ss.Shape.paths(3, 2)), "the check has no teeth"
     problems, compared = conditional_violations(gls, PAIR, ss.Shape.paths(3, 2))
     assert problems == [] and compared >= 20

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import specsampling as ss
-from specsampling import _race, calculators, optimal
+from specsampling import _optimal_race, calculators, optimal
 from specsampling.optimal import lp_acceptance, optimal_acceptance
 
 THIRDS = [F(1, 3)] * 3
@@ -238,7 +238,7 @@ def test_race_matches_exact_enumeration():
         draft /= draft.sum()
         exact = [F(x) for x in draft]
         lengths = np.arange(k, vocab)
-        got = _race.prefix_masses(draft, k, lengths)
+        got = _optimal_race.prefix_masses(draft, k, lengths)
         tuples = list(draft_tuples(exact, k, replacement=False))
         expected = [
             float(sum((prob for drafts, prob in tuples if max(drafts) < j), F(0))) for j in lengths
@@ -252,7 +252,7 @@ def test_race_matches_closed_forms_at_moderate_vocab(k):
     rng = np.random.default_rng(k)
     draft = rng.dirichlet(np.full(300, 0.3))
     lengths = np.unique(np.linspace(k, 299, 25).astype(int))
-    got = _race.prefix_masses(draft, k, lengths)
+    got = _optimal_race.prefix_masses(draft, k, lengths)
     for j, value in zip(lengths, got, strict=True):
         q, inside = draft[:j], draft[:j].sum()
         if k == 2:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import specsampling as ss
+from proofs_tests.catalogue import LAW_SHAPES
 from proofs_tests.oracles import BOUNDARY_EXPONENTIALS, ConstantKeyedNoise
 from specsampling import DraftTree, Noise, Shape, calculators
 from specsampling.keyed import KeyedNoise
@@ -22,21 +23,13 @@ from specsampling.pairs import Random, Stationary
 from specsampling.schemes import tables
 
 SCHEMES = sorted(ss.SCHEMES)
-SHAPES = [
-    Shape.chain(2),
-    Shape.star(2),
-    Shape.star(3, replacement=False),
-    Shape.paths(2, 2),
-    Shape.branching((2, 1)),
-    Shape.delayed(2, trunk=1, branch=1),
-    Shape.top((2, 1)),
-]
+SHAPES = LAW_SHAPES
 SUPPORTED = [
     (name, shape) for name in SCHEMES for shape in SHAPES if ss.SCHEMES[name].supports(shape)
 ]
 #: Keyed couplings have no per-node ``verify``: tree and verdict come from one keyed field
 #: (their boundary checks: proofs_tests/test_lossless.py, keyed_boundary_violations).
-KEYED = {name for name, s in ss.SCHEMES.items() if isinstance(s, ss.schemes.KeyedScheme)}
+KEYED = {name for name, s in ss.SCHEMES.items() if isinstance(s, ss.schemes.KeyedCoupling)}
 VERIFIED = [(name, shape) for name, shape in SUPPORTED if name not in KEYED]
 
 
@@ -62,7 +55,7 @@ def test_b5_zero_target_token_rejected_at_u_zero(name):
     """Draft token 1 has p = 0 < q: rejected with u = 0, and the correction is never token 1."""
     target, draft = np.array([0.5, 0.0, 0.5]), np.array([0.2, 0.6, 0.2])
     pair = Stationary(target, draft)
-    tree = DraftTree.chain([1])
+    tree = DraftTree.chain([1], law="iid")
     for u_sample in (0.0, 0.3, 0.5, LARGEST_BELOW_ONE):
         verdict = ss.SCHEMES[name].verify(tree, *tables(pair, tree), _noise([0, 0], [u_sample] * 2))
         assert verdict.node == 0
@@ -72,7 +65,7 @@ def test_b5_zero_target_token_rejected_at_u_zero(name):
 @pytest.mark.parametrize("name", ["standard", "specinfer", "rsd"])
 def test_b5_accept_boundary_through_verify(name):
     pair = Stationary([F(1, 4), F(3, 4)], [F(1, 2), F(1, 2)])
-    tree = DraftTree.chain([0])
+    tree = DraftTree.chain([0], law="iid")
     tp, dp = tables(pair, tree)
     scheme = ss.SCHEMES[name]
     assert scheme.verify(tree, tp, dp, _noise([0, 0.5], [0, 0])).node == 0  # 0.5 * 1/2 == 1/4
@@ -154,7 +147,7 @@ def test_b4_verify_on_large_vocabularies(name, vocab_size):
     draft /= draft.sum()
     pair = Stationary(target, draft)
     drafted = vocab_size - 1  # in the target's zero tail: always rejected
-    tree = DraftTree.chain([drafted])
+    tree = DraftTree.chain([drafted], law="iid")
     tp, dp = tables(pair, tree)
     scheme = ss.SCHEMES[name]
     if name in KEYED:  # drafts come from the keyed race: the field's extremes and a real key
@@ -297,11 +290,15 @@ def test_b22_every_scheme_method_is_callable(name):
     assert isinstance(tree, DraftTree) and isinstance(verdict, ss.Verdict)
     assert isinstance(verdict.node, int) and isinstance(verdict.token, int)
     tp, dp = tables(pair, tree, (1,))
-    if name in KEYED:  # no per-tree law: refused with a message that says what to use instead
-        with pytest.raises(TypeError, match="keyed coupling"):
-            scheme.verify(tree, tp, dp, Noise.draw(rng, tree.num_nodes))
-        with pytest.raises(TypeError, match="keyed coupling"):
-            scheme.verdict_law(tree, tp, dp)
+    # Exactly one of the two families; a keyed coupling has no per-tree verify at all.
+    assert isinstance(scheme, ss.schemes.TreeVerifier) != isinstance(
+        scheme, ss.schemes.KeyedCoupling
+    )
+    if name in KEYED:
+        assert not hasattr(scheme, "verify") and not hasattr(scheme, "verdict_law")
+        assert isinstance(scheme.strong_invariance, bool) and scheme.rows(shape) >= 1
+        keyed_tree, keyed_verdict = scheme.sample_keyed(pair, shape, ss.keyed.KeyedNoise(7), (1,))
+        assert isinstance(keyed_tree, DraftTree) and isinstance(keyed_verdict, ss.Verdict)
     else:
         noise = Noise.draw(rng, tree.num_nodes)
         assert scheme.verify(tree, tp, dp, noise) in scheme.verdict_law(tree, tp, dp)

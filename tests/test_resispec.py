@@ -32,7 +32,7 @@ from specsampling import DraftTree, Noise, Shape
 from specsampling.calculators import specinfer_acceptance
 from specsampling.noise import LARGEST_BELOW_ONE
 from specsampling.pairs import Random, Stationary
-from specsampling.schemes import resispec, tables
+from specsampling.schemes import resispec_optimise, tables
 from specsampling.schemes.resispec import (
     SCHEME,
     ConfidenceDamping,
@@ -120,7 +120,7 @@ def test_lossless_float(name, shape):
 
 def test_default_scheme_and_degenerate_pairs():
     assert SCHEME.name == "resispec" and isinstance(SCHEME.policy, Optimised)
-    assert SCHEME.replacement and SCHEME.rational
+    assert SCHEME.rational
     equal = [F(7, 10), F(2, 10), F(1, 10)]
     disjoint = ([F(1), F(0)], [F(0), F(1)])
     for shape in (Shape.star(3), Shape.star(3, replacement=False), Shape.paths(2, 2)):
@@ -133,14 +133,14 @@ def test_default_scheme_and_degenerate_pairs():
 def test_certain_stage_guard():
     """1 - sum m_k <= 0: the stage accepts with probability 1 and no division happens."""
     equal = np.array([F(1, 2), F(1, 4), F(1, 4)], dtype=object)
-    checks, _ = SCHEME.plan(equal, equal, (0, 1, 0))
+    checks, _ = SCHEME.plan(equal, equal, (0, 1, 0), replacement=True)
     assert checks == [(F(1, 2), F(1, 2))]  # m = q: the drafted token's own check, ratio 1
-    tree = DraftTree.from_draws([(0, 0), (0, 1), (0, 0)])
+    tree = DraftTree.from_draws([(0, 0), (0, 1), (0, 0)], law="iid")
     probs = np.stack([equal] * tree.num_nodes), np.stack([equal] * tree.num_nodes)
     descend, stop = SCHEME.node_law(tree, 0, *probs)
     assert descend == [(1, 1)] and not any(stop)
     floats = np.array([0.5, 0.25, 0.25])
-    assert ResiSpec(Greedy()).plan(floats, floats, (2, 1))[0] == [(0.25, 0.25)]
+    assert ResiSpec(Greedy()).plan(floats, floats, (2, 1), replacement=True)[0] == [(0.25, 0.25)]
 
 
 # --------------------------------------------------------------------------- members
@@ -165,7 +165,7 @@ def test_greedy_without_replacement_is_rsd(shape):
     for vocab, seed in PAIRS:
         pair = Random(vocab, seed=seed, exact=True)
         assert ss.round_law(scheme, pair, shape) == ss.round_law(RSD, pair, shape)
-    direct = ResiSpec(Greedy(), replacement=False)
+    direct = ResiSpec(Greedy())
     rng = np.random.default_rng(1)
     pair = Random(4, seed=3)
     for tree, _ in shape.enumerate(pair):
@@ -257,7 +257,7 @@ def test_large_vocabulary_compressed_search(monkeypatch):
     assert compressed.acceptance >= specinfer_acceptance(target, draft, 4) - FLOAT_TOLERANCE
     rule = compressed.policy
     assert compressed.acceptance == resispec_acceptance(target, draft, 4, rule)
-    monkeypatch.setattr(resispec, "COMPRESS_ABOVE", 10**9)
+    monkeypatch.setattr(resispec_optimise, "COMPRESS_ABOVE", 10**9)
     full = optimise(target, draft, 4)
     assert compressed.acceptance >= full.acceptance - 1e-4
 
@@ -334,7 +334,7 @@ def test_policy_sees_only_earlier_candidates():
     for shape in (Shape.star(3), Shape.star(3, replacement=False)):
         for tree, _ in shape.enumerate(pair):
             policy = Recording()
-            ResiSpec(policy).for_shape(shape).verdict_law(tree, *tables(pair, tree))
+            ResiSpec(policy).verdict_law(tree, *tables(pair, tree))
             tokens = tuple(tree.tokens[c] for c in tree.candidates[0])
             count = len(tokens)
             assert policy.seen == [(k, count, tokens[: k - 1]) for k in range(1, count + 1)]
@@ -382,30 +382,26 @@ def test_mutants_are_caught(shape):
 
 
 # --------------------------------------------------------------------------- proposal mode
-def test_proposal_mode_follows_the_shape():
+def test_proposal_mode_follows_the_tree_law():
+    """One registered object, no per-call configuration: the tree's law picks the proposals."""
     scheme = ResiSpec(Greedy())
-    assert scheme.for_shape(Shape.star(2)) is scheme
-    without = scheme.for_shape(Shape.star(2, replacement=False))
-    assert not without.replacement and without.policy is scheme.policy and scheme.replacement
-    assert isinstance(Peeking(Greedy()).for_shape(Shape.branching((2,))), Peeking)
-    direct = ResiSpec(Greedy(), replacement=False)
-    assert direct.single_shape(2) == Shape.star(2, replacement=False)
-    assert direct.closed_acceptance(*(np.array(x, dtype=object) for x in THIRDS), 2) is None
-    assert ss.acceptance(direct, *THIRDS, 2) == ss.acceptance(RSD, *THIRDS, 2)
-    # A w/o sample is also a possible i.i.d. sample: the law differs with the assumed mode.
+    assert not hasattr(scheme, "replacement") and not hasattr(scheme, "for_shape")
+    assert scheme.single_shape(2) == Shape.star(2)
+    # The same tokens drawn i.i.d. or without replacement have different verdict laws.
     pair = Stationary([F(1, 2), F(3, 10), F(1, 5)], [F(1, 5), F(1, 5), F(3, 5)])
-    tree = DraftTree.from_draws([(0, 2), (0, 1)])
-    probs = tables(pair, tree)
-    iid, wo = ResiSpec(Greedy()).verdict_law(tree, *probs), direct.verdict_law(tree, *probs)
+    drawn = [(0, 2), (0, 1)]
+    iid_tree = DraftTree.from_draws(drawn, law="iid")
+    wo_tree = DraftTree.from_draws(drawn, law="without")
+    iid = scheme.verdict_law(iid_tree, *tables(pair, iid_tree))
+    wo = scheme.verdict_law(wo_tree, *tables(pair, wo_tree))
     # x1 = 2 is rejected w.p. 2/3; then x2 = 1 is accepted w.p. 1 (q_2 = q) or 1/2
     # (q_2 = (1/2, 1/2, 0)), the rest of the w/o law going to the residual token 0.
     assert (0, 0) not in iid and wo[(0, 0)] == F(1, 3)
-    pair = Random(3, seed=4, exact=True)
-    for seed in range(20):
-        shape = Shape.star(2, replacement=False)
-        ours = scheme.sample(pair, shape, np.random.default_rng(seed), ())
-        theirs = direct.sample(pair, shape, np.random.default_rng(seed), ())
-        assert ours == theirs
+    assert wo == RSD.verdict_law(wo_tree, *tables(pair, wo_tree))
+    for law in ("deterministic", "unknown", "greedy", "hub"):
+        tree = DraftTree.from_draws(drawn, law=law)
+        with pytest.raises(ss.UnsupportedShape, match=f"law '{law}'"):
+            scheme.verdict_law(tree, *tables(pair, tree))
 
 
 def test_oblivious_flag_gates_the_closed_form():
@@ -427,7 +423,7 @@ def test_duplicates_get_independent_tests_when_sampled():
     target = np.array([0.5, 0.3, 0.2])
     draft = np.array([0.6, 0.3, 0.1])
     scheme = ResiSpec(ConfidenceDamping(scale=0.25))
-    tree = DraftTree.from_draws([(0, 0), (0, 0), (0, 1)])
+    tree = DraftTree.from_draws([(0, 0), (0, 0), (0, 1)], law="iid")
     probs = np.stack([target] * 3), np.stack([draft] * 3)
     law = scheme.verdict_law(tree, *probs)
     rng = np.random.default_rng(7)
@@ -459,7 +455,7 @@ def test_sure_stage_still_checks_the_drafted_token_b5():
             (1,): ([0.5, 0.5], [0.5, 0.5]),
         }
     )
-    tree = DraftTree.chain([0])
+    tree = DraftTree.chain([0], law="iid")
     target_probs, draft_probs = tables(pair, tree)
     scheme = ss.SCHEMES["resispec"]
     for value in (0.0, LARGEST_BELOW_ONE):

@@ -22,6 +22,7 @@ import pytest
 from scipy import stats
 
 import specsampling as ss
+from proofs_tests.catalogue import LAW_SHAPES
 from specsampling import DraftTree, Noise, Shape
 from specsampling.pairs import Random, Stationary
 from specsampling.schemes import tables
@@ -66,17 +67,17 @@ MARGINAL_CASES += [
 ]
 
 CONDITIONAL_PAIR = Stationary([0.45, 0.05, 0.3, 0.2], [0.1, 0.4, 0.2, 0.3])
-# One fixed tree per scheme, of the scheme's supported kind: (scheme, draws).
+# One fixed tree per scheme, of the scheme's supported kind: (scheme, (draws, law)).
 CONDITIONAL_CASES = [
-    ("standard", [(0, 1), (1, 3), (2, 2)]),  # a chain
-    ("nss", [(0, 1), (0, 3), (1, 0), (1, 2), (2, 1)]),  # any tree
-    ("specinfer", [(0, 1), (0, 1), (0, 3), (1, 2), (1, 2)]),  # i.i.d. duplicates
-    ("rsd", [(0, 1), (0, 3), (0, 2), (1, 0), (1, 3)]),  # distinct siblings
+    ("standard", ([(0, 1), (1, 3), (2, 2)], "iid")),  # a chain
+    ("nss", ([(0, 1), (0, 3), (1, 0), (1, 2), (2, 1)], "unknown")),  # any tree
+    ("specinfer", ([(0, 1), (0, 1), (0, 3), (1, 2), (1, 2)], "iid")),  # i.i.d. duplicates
+    ("rsd", ([(0, 1), (0, 3), (0, 2), (1, 0), (1, 3)], "without")),  # distinct siblings
 ]
 #: Keyed couplings draw tree and verdict jointly from one keyed field: no per-tree verify law.
 #: Their sampled rounds are in MARGINAL_CASES; tests/test_couplings.py and tests/test_gls.py
 #: check them against the target over keys.
-KEYED = {name for name, s in ss.SCHEMES.items() if isinstance(s, ss.schemes.KeyedScheme)}
+KEYED = {name for name, s in ss.SCHEMES.items() if isinstance(s, ss.schemes.KeyedCoupling)}
 CONDITIONAL_CASES += [
     (name, None)  # None: a tree drafted from the scheme's own shape, see _conditional_tree
     for name in sorted(ss.SCHEMES)
@@ -84,14 +85,8 @@ CONDITIONAL_CASES += [
 ]
 
 # Shapes whose sampled trees must follow shape.enumerate's weights.
-TREE_CASES = [
-    Shape.chain(2),
-    Shape.star(3),
-    Shape.star(3, replacement=False),
-    Shape.paths(2, 2),
-    Shape.branching((2, 2)),
-    Shape.delayed(2, trunk=1, branch=1),
-]
+#: (a deterministic shape drafts one tree: nothing to test there)
+TREE_CASES = [shape for shape in LAW_SHAPES if shape.law != "deterministic"]
 
 FALSE_POSITIVE_BUDGET = 1e-3
 NUM_CHI_SQUARE_TESTS = len(MARGINAL_CASES) + len(CONDITIONAL_CASES) + len(TREE_CASES)
@@ -140,9 +135,9 @@ def test_budget_is_declared():
     assert {case[0] for case in CONDITIONAL_CASES} == set(ss.SCHEMES) - KEYED
 
 
-def _conditional_tree(scheme, draws):
-    if draws is not None:
-        return DraftTree.from_draws(draws)
+def _conditional_tree(scheme, case):
+    if case is not None:
+        return DraftTree.from_draws(*case)
     # The largest of a few trees drafted with a fixed seed from the scheme's own shape.
     rng = np.random.default_rng(SEED + 500)
     shape = _own_shape(scheme)
@@ -217,9 +212,13 @@ def test_negative_control_rsd_on_iid_drafts_is_rejected():
     shape = Shape.star(3)
     rsd = ss.SCHEMES["rsd"]
     rng = np.random.default_rng(SEED + 400)
+    iid_tree = shape.draft(pair, rng)
+    with pytest.raises(ss.UnsupportedShape, match="law 'iid'"):
+        rsd.verify(iid_tree, *tables(pair, iid_tree), Noise.draw(rng, iid_tree.num_nodes))
     counts = Counter()
     for _ in range(NUM_ROUNDS):
-        tree = shape.draft(pair, rng)  # bypasses the scheme's refusal on purpose
+        # i.i.d. trees mislabelled as drawn without replacement bypass the refusal on purpose.
+        tree = shape.draft(pair, rng).with_law("without")
         verdict = rsd.verify(tree, *tables(pair, tree), Noise.draw(rng, tree.num_nodes))
         counts[(*tree.prefix(verdict.node), verdict.token)[:1]] += 1
     target = pair.target(())

@@ -235,7 +235,7 @@ def _descend_on_a_grid(scheme, tree, probs, cells):
 def test_duplicate_candidates_are_tested_independently():
     """Two copies of one token, one child node: each copy accepts with prob a independently."""
     target, draft = np.array([0.2, 0.8]), np.array([0.6, 0.4])
-    tree = DraftTree.from_draws([(0, 0), (0, 0)])
+    tree = DraftTree.from_draws([(0, 0), (0, 0)], law="iid")
     assert tree.candidates[0] == (1, 1)
     probs = (np.stack([target] * 2), np.stack([draft] * 2))
     a = 0.2 / (optimal_rho(target, draft, 2) * 0.6)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import specsampling as ss
+from proofs_tests.catalogue import LAW_SHAPES
 from specsampling import DraftTree, Shape
 from specsampling.pairs import Stationary, Table
 
@@ -134,13 +135,13 @@ def test_enumeration_is_exact_and_complete(shape, depth, steps, count):
 def test_star_weights_by_hand():
     pair = Stationary([F(1, 2), F(1, 2), F(0)], [F(1, 2), F(1, 3), F(1, 6)])
     iid = dict(Shape.star(2).enumerate(pair))
-    assert iid[DraftTree.from_draws([(0, 0), (0, 0)])] == F(1, 4)
-    assert iid[DraftTree.from_draws([(0, 1), (0, 2)])] == F(1, 18)
+    assert iid[DraftTree.from_draws([(0, 0), (0, 0)], law="iid")] == F(1, 4)
+    assert iid[DraftTree.from_draws([(0, 1), (0, 2)], law="iid")] == F(1, 18)
     wo = dict(Shape.star(2, replacement=False).enumerate(pair))
     # P(1 then 2) = q(1) * q(2) / (1 - q(1)) = 1/3 * 1/6 * 3/2
-    assert wo[DraftTree.from_draws([(0, 1), (0, 2)])] == F(1, 12)
-    assert wo[DraftTree.from_draws([(0, 0), (0, 1)])] == F(1, 2) * F(2, 3)
-    assert DraftTree.from_draws([(0, 0), (0, 0)]) not in wo
+    assert wo[DraftTree.from_draws([(0, 1), (0, 2)], law="without")] == F(1, 12)
+    assert wo[DraftTree.from_draws([(0, 0), (0, 1)], law="without")] == F(1, 2) * F(2, 3)
+    assert DraftTree.from_draws([(0, 0), (0, 0)], law="without") not in wo
 
 
 def test_branching_counts_per_depth():
@@ -238,19 +239,7 @@ def test_top_is_per_node_and_deterministic():
     assert all(Shape.top((2, 2)).draft(pair, rng) == tree for _ in range(20))
 
 
-@pytest.mark.parametrize(
-    "shape",
-    [
-        Shape.chain(3),
-        Shape.star(3),
-        Shape.star(3, replacement=False),
-        Shape.paths(2, 2),
-        Shape.branching((2, 2)),
-        Shape.delayed(2, trunk=1, branch=2),
-        Shape.top((2, 2)),
-    ],
-    ids=repr,
-)
+@pytest.mark.parametrize("shape", LAW_SHAPES, ids=repr)
 def test_drafted_trees_are_enumerated(shape):
     pair = ss.pairs.Random(3, seed=2)
     prefix = (1,)

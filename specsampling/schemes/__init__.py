@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from .._registry import Registry
 from . import (
     block,
@@ -19,18 +17,41 @@ from . import (
     standard,
     traversal,
 )
-from .base import NodeScheme, Scheme, TreeScheme, Verdict, VerdictLaw, tables
+from .base import (
+    KeyedCoupling,
+    NodeScheme,
+    Scheme,
+    SchemeLike,
+    TreeScheme,
+    TreeVerifier,
+    Verdict,
+    VerdictLaw,
+    tables,
+)
 from .coupled import KeyedScheme
 
 #: The registry of discrete schemes; registering a scheme puts it under test.
 SCHEMES: Registry[Scheme] = Registry("scheme")
-for _module in (standard, nss, specinfer, rsd, block, traversal, spectr, greedy, spechub, resispec):
-    SCHEMES.register(_module.SCHEME)
-for _keyed in (gumbel.GUMBEL, gumbel.POISSON, gls.GLS_ACTIVE, gls.GLS_STRONG):
-    SCHEMES.register(_keyed)
+for _scheme in (
+    standard.SCHEME,
+    nss.SCHEME,
+    specinfer.SCHEME,
+    rsd.SCHEME,
+    block.SCHEME,
+    traversal.SCHEME,
+    spectr.SCHEME,
+    greedy.SCHEME,
+    spechub.SCHEME,
+    resispec.SCHEME,
+    gumbel.GUMBEL,
+    gumbel.POISSON,
+    gls.GLS_ACTIVE,
+    gls.GLS_STRONG,
+):
+    SCHEMES.register(_scheme)
 
 
-def get_scheme(scheme: Any) -> Scheme:
+def get_scheme(scheme: SchemeLike) -> Scheme:
     """Resolve a registered name or pass a scheme object through.
 
     >>> get_scheme("nss").name
@@ -45,11 +66,14 @@ def get_scheme(scheme: Any) -> Scheme:
 
 __all__ = [
     "SCHEMES",
+    "KeyedCoupling",
     "KeyedScheme",
     "NodeScheme",
     "Registry",
     "Scheme",
+    "SchemeLike",
     "TreeScheme",
+    "TreeVerifier",
     "Verdict",
     "VerdictLaw",
     "get_scheme",

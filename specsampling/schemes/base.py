@@ -1,10 +1,22 @@
-"""The scheme contract, the verdict type and the node-by-node base class."""
+"""The scheme contract (three protocols), the verdict type and the node-by-node base class.
+
+Every registered scheme is a round-level :class:`Scheme`; it is also exactly one of
+
+* a :class:`TreeVerifier`: verifies a drafted tree with per-node :class:`~specsampling.Noise`
+  (the ratio schemes, ``nss``, block, traversal, ...), refusing trees whose
+  :class:`~specsampling.tree.DrawLaw` it is not exact for;
+* a :class:`KeyedCoupling`: drafter and verifier read one keyed noise field
+  (:class:`~specsampling.keyed.KeyedNoise`), so there is no tree to verify on its own
+  (``gumbel``, ``poisson``, ``gls``, ``gls_strong``).
+
+Consumers dispatch on these two types once, at their edge.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, TypeAlias, runtime_checkable
 
 import numpy as np
 
@@ -14,7 +26,11 @@ from ..noise import Noise
 from ..ops import categorical, support
 from ..pairs import ModelPair
 from ..shapes import Shape
-from ..tree import DraftTree
+from ..tree import SAMPLED_LAWS, DraftTree, DrawLaw
+from ..validation import check_rows
+
+if TYPE_CHECKING:
+    from ..keyed import KeyedNoise
 
 
 class Verdict(NamedTuple):
@@ -33,7 +49,7 @@ VerdictLaw = dict[Verdict, Any]
 
 @runtime_checkable
 class Scheme(Protocol):
-    """What every registered verification scheme provides."""
+    """What every registered scheme provides: a whole round, drafted and verified."""
 
     name: str
     #: Exact with ``Fraction`` inputs (only field operations and comparisons are used).
@@ -42,23 +58,17 @@ class Scheme(Protocol):
     reference: str
 
     def supports(self, shape: Shape) -> bool:
-        """Whether the scheme is exact for drafts of this shape."""
+        """Whether the scheme is exact for rounds drafted with this shape."""
         ...
 
-    def verify(
-        self, tree: DraftTree, target_probs: Probs, draft_probs: Probs, noise: Noise
-    ) -> Verdict:
-        """Verify ``tree`` with explicit noise. ``*_probs[n]`` is the distribution after node n."""
-        ...
-
-    def verdict_law(self, tree: DraftTree, target_probs: Probs, draft_probs: Probs) -> VerdictLaw:
-        """Exact law of :meth:`verify`'s output over the noise, given ``tree``."""
+    def check(self, shape: Shape) -> None:
+        """Raise :class:`~specsampling.UnsupportedShape` unless :meth:`supports` holds."""
         ...
 
     def outcomes(
         self, pair: ModelPair, shape: Shape, prefix: Prefix
     ) -> Iterator[tuple[DraftTree, Any, VerdictLaw]]:
-        """Every draftable tree with its probability and verdict law."""
+        """Every draftable tree with its probability and verdict law (the exact engine's input)."""
         ...
 
     def sample(
@@ -76,6 +86,55 @@ class Scheme(Protocol):
         ...
 
 
+@runtime_checkable
+class TreeVerifier(Scheme, Protocol):
+    """A scheme that verifies a given tree with per-node :class:`~specsampling.Noise`."""
+
+    #: Draw laws the scheme is exact for on any tree (sampled chains aside, see
+    #: :meth:`exact_for`).
+    laws: frozenset[DrawLaw]
+
+    def exact_for(self, law: DrawLaw, chain: bool) -> bool:
+        """Whether verifying trees drawn by ``law`` (``chain``: one candidate per node) is exact."""
+        ...
+
+    def verify(
+        self, tree: DraftTree, target_probs: Probs, draft_probs: Probs, noise: Noise
+    ) -> Verdict:
+        """Verify ``tree`` with explicit noise. ``*_probs[n]`` is the distribution after node n.
+
+        Refuses (:class:`~specsampling.UnsupportedShape`) a tree whose law it is not exact for.
+        """
+        ...
+
+    def verdict_law(self, tree: DraftTree, target_probs: Probs, draft_probs: Probs) -> VerdictLaw:
+        """Exact law of :meth:`verify`'s output over the noise, given ``tree`` (same refusals)."""
+        ...
+
+
+@runtime_checkable
+class KeyedCoupling(Scheme, Protocol):
+    """A list coupling: drafter and verifier read the same keyed noise field."""
+
+    #: ``True``: the output is seeded target-only decoding whatever the drafter; ``False``:
+    #: it depends on the draft tokens, never on the draft probabilities.
+    strong_invariance: bool
+
+    def rows(self, shape: Shape) -> int:
+        """Rows of keyed exponentials per position (``K`` for GLS, else one)."""
+        ...
+
+    def sample_keyed(
+        self, pair: ModelPair, shape: Shape, noise: KeyedNoise, prefix: Prefix = ()
+    ) -> tuple[DraftTree, Verdict]:
+        """One round with the given keyed noise: draft from it, then walk the target's path."""
+        ...
+
+
+#: A registered scheme name or a scheme object, as every public entry point accepts.
+SchemeLike: TypeAlias = "str | Scheme"
+
+
 def tables(pair: ModelPair, tree: DraftTree, prefix: Prefix = ()) -> tuple[Probs, Probs]:
     """Stack ``(target_probs, draft_probs)`` of shape ``(num_nodes, vocab_size)`` for ``tree``."""
     prefixes = [prefix + tree.prefix(n) for n in range(tree.num_nodes)]
@@ -87,22 +146,21 @@ def tables(pair: ModelPair, tree: DraftTree, prefix: Prefix = ()) -> tuple[Probs
 def check_round(
     tree: DraftTree, target_probs: Probs, draft_probs: Probs, noise: Noise | None = None
 ) -> None:
-    """Check that tables and noise fit ``tree``: one row per node, every token id in range.
-
-    Cheap (no pass over the probabilities); :mod:`specsampling.validation` checks the rows when
-    pairs are built. Raises :class:`~specsampling.InvalidDistribution` naming the argument.
+    """Check that tables and noise fit ``tree``: one row per node, each row a distribution
+    (:func:`~specsampling.validation.check_rows`: no NaN, no negative entry, mass one), every
+    token id in range. Vectorised over the tables; raises
+    :class:`~specsampling.InvalidDistribution` naming the argument.
     """
     num_nodes = tree.num_nodes
     for name, table in (("target_probs", target_probs), ("draft_probs", draft_probs)):
-        if np.ndim(table) != 2 or len(table) != num_nodes:
+        if not isinstance(table, np.ndarray) or table.ndim != 2 or len(table) != num_nodes:
             raise InvalidDistribution(
-                f"{name}: expected shape ({num_nodes}, vocab_size), got {np.shape(table)}"
+                f"{name}: expected an array of shape ({num_nodes}, vocab_size), got "
+                f"{type(table).__name__} of shape {np.shape(table)}"
             )
     vocab_size = target_probs.shape[1]
-    if draft_probs.shape[1] != vocab_size:
-        raise InvalidDistribution(
-            f"draft_probs: vocabulary mismatch, {draft_probs.shape[1]} vs {vocab_size}"
-        )
+    check_rows(target_probs, "target_probs")
+    check_rows(draft_probs, "draft_probs", vocab_size)
     if max(tree.tokens) >= vocab_size:
         raise InvalidDistribution(f"tree: token id {max(tree.tokens)} >= vocab_size {vocab_size}")
     if noise is not None:
@@ -120,12 +178,16 @@ class SchemeDefaults(ABC):
     def supports(self, shape: Shape) -> bool:
         """Whether the scheme is exact for drafts of this shape."""
 
+    def support_text(self) -> str:
+        """What the scheme is exact for, in words (for refusals)."""
+        return "see its documentation page"
+
     def check(self, shape: Shape) -> None:
         """Raise :class:`UnsupportedShape` unless the scheme is exact for ``shape``."""
         if not self.supports(shape):
             raise UnsupportedShape(
                 f"scheme {self.name!r} is not exact for drafts of shape {shape!r} "
-                f"(draft law {shape.law!r})"
+                f"(draft law {shape.law.value!r}); it is exact for {self.support_text()}"
             )
 
     def single_shape(self, num_drafts: int) -> Shape:
@@ -139,7 +201,46 @@ class SchemeDefaults(ABC):
 
 
 class TreeScheme(SchemeDefaults):
-    """Default drafting, sampling and refusal logic shared by the tree schemes."""
+    """The :class:`TreeVerifier` base: law-based support, drafting, sampling and refusals.
+
+    A subclass declares the draw laws it is exact for in :attr:`laws` (and whether it verifies
+    sampled chains, :attr:`chains`); :meth:`supports` (shapes) and :meth:`check_tree` (trees given
+    to :meth:`verify` and :meth:`verdict_law`) both follow from :meth:`exact_for`.
+    """
+
+    laws: ClassVar[frozenset[DrawLaw]] = frozenset()
+    #: Exact on sampled chains (one candidate per node, a plain draw from the draft).
+    chains: ClassVar[bool] = True
+
+    def exact_for(self, law: DrawLaw, chain: bool) -> bool:
+        return law in self.laws or (self.chains and chain and law in SAMPLED_LAWS)
+
+    def supports(self, shape: Shape) -> bool:
+        return self.exact_for(shape.law, shape.is_chain)
+
+    def support_text(self) -> str:
+        parts = ["sampled chains"] if self.chains else []
+        if self.laws:
+            names = ", ".join(sorted(law.value for law in self.laws))
+            parts.append(f"trees drawn by law {names}")
+        return " and ".join(parts) or "no draft law"
+
+    def check_tree(self, tree: DraftTree) -> None:
+        """Raise :class:`UnsupportedShape` unless the scheme is exact for ``tree.law``."""
+        if not self.exact_for(tree.law, tree.is_chain):
+            shape = "chain" if tree.is_chain else "tree"
+            raise UnsupportedShape(
+                f"scheme {self.name!r} is not exact for a {shape} drawn by law "
+                f"{tree.law.value!r}; it is exact for {self.support_text()} (state the law of a "
+                "hand-built tree: DraftTree(..., law=...))"
+            )
+
+    def check_round(
+        self, tree: DraftTree, target_probs: Probs, draft_probs: Probs, noise: Noise | None = None
+    ) -> None:
+        """What :meth:`verify` and :meth:`verdict_law` check first: the law, then the tables."""
+        self.check_tree(tree)
+        check_round(tree, target_probs, draft_probs, noise)
 
     @abstractmethod
     def verify(
@@ -201,7 +302,7 @@ class NodeScheme(TreeScheme):
     def verify(
         self, tree: DraftTree, target_probs: Probs, draft_probs: Probs, noise: Noise
     ) -> Verdict:
-        check_round(tree, target_probs, draft_probs, noise)
+        self.check_round(tree, target_probs, draft_probs, noise)
         node = 0
         while True:
             if not tree.candidates[node]:
@@ -216,7 +317,7 @@ class NodeScheme(TreeScheme):
             node = child
 
     def verdict_law(self, tree: DraftTree, target_probs: Probs, draft_probs: Probs) -> VerdictLaw:
-        check_round(tree, target_probs, draft_probs)
+        self.check_round(tree, target_probs, draft_probs)
         law: VerdictLaw = {}
         pending: list[tuple[int, Any]] = [(0, 1)]
         while pending:

@@ -25,12 +25,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._types import Probs
+import numpy as np
+
+from .._types import Prefix, Probs
 from ..noise import Noise
 from ..ops import categorical, positive_part, total
-from ..shapes import Shape
+from ..pairs import ModelPair
 from ..tree import DraftTree
-from .base import TreeScheme, Verdict, VerdictLaw, check_round
+from ..validation import check_positive_int
+from .base import TreeScheme, Verdict, VerdictLaw
+from .standard import standard_acceptance
 
 
 class Block(TreeScheme):
@@ -46,13 +50,14 @@ class Block(TreeScheme):
     name = "block"
     reference = "Sun et al. 2024, block verification (arXiv 2403.10444)"
 
-    def supports(self, shape: Shape) -> bool:
-        return shape.is_chain
+    def closed_acceptance(self, target: Probs, draft: Probs, num_drafts: int) -> Any:
+        """One candidate is a chain of one token: standard acceptance, :math:`\\sum \\min(p, q)`."""
+        return standard_acceptance(target, draft) if num_drafts == 1 else None
 
     def verify(
         self, tree: DraftTree, target_probs: Probs, draft_probs: Probs, noise: Noise
     ) -> Verdict:
-        check_round(tree, target_probs, draft_probs, noise)
+        self.check_round(tree, target_probs, draft_probs, noise)
         path = _chain_nodes(tree)
         weights, accept = self.block_probabilities(tree, path, target_probs, draft_probs)
         tau = self.choose_tau([noise.accept[node] for node in path], accept)
@@ -65,7 +70,7 @@ class Block(TreeScheme):
         )
 
     def verdict_law(self, tree: DraftTree, target_probs: Probs, draft_probs: Probs) -> VerdictLaw:
-        check_round(tree, target_probs, draft_probs)
+        self.check_round(tree, target_probs, draft_probs)
         path = _chain_nodes(tree)
         weights, accept = self.block_probabilities(tree, path, target_probs, draft_probs)
         law: VerdictLaw = {}
@@ -145,6 +150,38 @@ def _chain_nodes(tree: DraftTree) -> list[int]:
         (child,) = tree.candidates[path[-1]]
         path.append(child)
     return path
+
+
+def block_expected_accepted(pair: ModelPair, length: int, prefix: Prefix = ()) -> Any:
+    r"""Block verification on a chain: exact :math:`E[\tau] = \sum_{i \le \gamma} E_q[w_i]`.
+
+    :math:`w_i = \min(1, w_{i-1} p_i(x_i) / q_i(x_i))` is the capped cumulative likelihood
+    ratio (Sun et al. 2024). Enumerates drafted prefixes (``vocab ** (length - 1)`` at most).
+
+    >>> from fractions import Fraction as F
+    >>> from specsampling.pairs import Stationary
+    >>> block_expected_accepted(Stationary([F(1, 3), F(2, 3)], [F(2, 3), F(1, 3)]), 2)
+    Fraction(11, 9)
+    """
+    length = check_positive_int(length, "length", minimum=0)
+    return _block_sum(pair, length, tuple(prefix), 1)
+
+
+def _block_sum(pair: ModelPair, length: int, prefix: Prefix, weight: Any) -> Any:
+    if length == 0:
+        return 0
+    target, draft = pair.target(prefix), pair.draft(prefix)
+    drafted = np.flatnonzero(np.asarray(draft > 0, dtype=bool))
+    scaled = weight * target[drafted]
+    weights = np.where(scaled >= draft[drafted], 1, 0 * scaled)
+    below = scaled < draft[drafted]
+    weights[below] = scaled[below] / draft[drafted][below]
+    result: Any = total(draft[drafted] * weights)
+    if length > 1:
+        for token, w in zip(drafted, weights, strict=True):
+            deeper = _block_sum(pair, length - 1, (*prefix, int(token)), w)
+            result = result + draft[token] * deeper
+    return result
 
 
 SCHEME = Block()

@@ -28,7 +28,6 @@ import numpy as np
 
 from .._types import Prefix, Probs
 from ..keyed import KeyedNoise
-from ..noise import Noise
 from ..ops import support
 from ..pairs import ModelPair
 from ..shapes import Shape
@@ -40,12 +39,13 @@ Transition = tuple[int, Any, Any]
 
 
 class KeyedScheme(SchemeDefaults):
-    """A list coupling on keyed noise; subclasses give the drafting and per-position laws."""
+    """The :class:`~specsampling.schemes.KeyedCoupling` base: a list coupling on keyed noise;
+    subclasses give the drafting and per-position laws."""
 
     rational = False
-    #: ``"strong"``: the output is seeded target-only decoding for any drafter;
-    #: ``"conditional"``: the output depends on the draft tokens, never on draft probabilities.
-    invariance = "strong"
+    #: ``True``: the output is seeded target-only decoding for any drafter; ``False``
+    #: (conditional): it depends on the draft tokens, never on the draft probabilities.
+    strong_invariance = True
 
     @abstractmethod
     def rows(self, shape: Shape) -> int:
@@ -66,23 +66,6 @@ class KeyedScheme(SchemeDefaults):
         self, pair: ModelPair, shape: Shape, noise: KeyedNoise, prefix: Prefix = ()
     ) -> tuple[DraftTree, Verdict]:
         """One round with the given keyed noise: draft from it, then walk the target's path."""
-
-    def verify(
-        self, tree: DraftTree, target_probs: Probs, draft_probs: Probs, noise: Noise
-    ) -> Verdict:
-        """Not defined: a keyed verdict depends on the keyed noise the tree was drafted from."""
-        raise TypeError(
-            f"scheme {self.name!r} is a keyed coupling: its verdict is a function of the keyed "
-            "noise shared with drafting, not of per-node uniforms; use sample_keyed or "
-            "ss.generate(..., key=...)"
-        )
-
-    def verdict_law(self, tree: DraftTree, target_probs: Probs, draft_probs: Probs) -> VerdictLaw:
-        """Not defined for a fixed tree (see :meth:`verify`); :meth:`outcomes` gives the law."""
-        raise TypeError(
-            f"scheme {self.name!r} is a keyed coupling: the tree and the verdict are drawn "
-            "jointly; use outcomes() or the exact engine"
-        )
 
     def outcomes(
         self, pair: ModelPair, shape: Shape, prefix: Prefix
@@ -138,16 +121,4 @@ def race_pick(noise: KeyedNoise, prefix: Prefix, vocab_size: int, rows_of_step: 
     return pick
 
 
-def level_widths(shape: Shape) -> tuple[int, ...]:
-    """Children per node at each depth of a level-uniform shape (chains, stars, branching)."""
-    widths: list[int] = []
-    level = [-1]
-    while True:
-        children = [s for s, (parent, _) in enumerate(shape.steps) if parent == level[0]]
-        if not children:
-            return tuple(widths)
-        widths.append(len(children))
-        level = children
-
-
-__all__ = ["KeyedScheme", "Transition", "level_widths", "race_pick"]
+__all__ = ["KeyedScheme", "Transition", "race_pick"]

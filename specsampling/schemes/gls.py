@@ -50,10 +50,14 @@ class GLS(KeyedScheme):
     def __init__(self, strong: bool) -> None:
         self.strong = bool(strong)
         self.name = "gls_strong" if self.strong else "gls"
-        self.invariance = "strong" if self.strong else "conditional"
+        self.strong_invariance = self.strong
 
     def supports(self, shape: Shape) -> bool:
-        return shape.is_chain or (shape.law == "iid" and shape.kind in ("star", "paths"))
+        paths = shape.root_paths
+        return shape.is_chain or (paths is not None and len(set(paths)) == 1)
+
+    def support_text(self) -> str:
+        return "sampled chains and i.i.d. paths of one length from the root (star, paths)"
 
     def rows(self, shape: Shape) -> int:
         return sum(1 for parent, _ in shape.steps if parent < 0)

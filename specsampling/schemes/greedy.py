@@ -41,7 +41,7 @@ from .._types import Probs
 from ..noise import Noise
 from ..ops import accept_probability, accepts, categorical, normalise, positive_part, total
 from ..shapes import Shape
-from ..tree import DraftTree
+from ..tree import DraftTree, DrawLaw
 from ..validation import check_pair, check_positive_int
 from .base import NodeScheme, Step
 
@@ -72,8 +72,7 @@ class Greedy(NodeScheme):
         "Hu et al. 2025, Towards Optimal Multi-draft Speculative Decoding (arXiv 2502.18779)"
     )
 
-    def supports(self, shape: Shape) -> bool:
-        return shape.law == "greedy" or shape.is_chain
+    laws = frozenset({DrawLaw.GREEDY})
 
     def single_shape(self, num_drafts: int) -> Shape:
         return Shape.greedy((num_drafts,))

@@ -37,9 +37,9 @@ from ..keyed.laws import gumbel_acceptance, gumbel_hits, keyed_select, poisson_h
 from ..ops import support
 from ..pairs import ModelPair
 from ..shapes import Shape
-from ..tree import DraftTree
+from ..tree import DraftTree, DrawLaw
 from .base import Verdict
-from .coupled import KeyedScheme, Transition, level_widths, race_pick
+from .coupled import KeyedScheme, Transition, race_pick
 
 
 class Poisson(KeyedScheme):
@@ -58,7 +58,10 @@ class Poisson(KeyedScheme):
     reference = "specs §C.3; Daliri, Musco, Suresh, arXiv 2408.07978"
 
     def supports(self, shape: Shape) -> bool:
-        return shape.is_chain or (shape.law == "without" and shape.kind in ("star", "branching"))
+        return shape.is_chain or (shape.law is DrawLaw.WITHOUT and shape.level_widths is not None)
+
+    def support_text(self) -> str:
+        return "sampled chains and level-uniform trees without replacement (star, branching)"
 
     def single_shape(self, num_drafts: int) -> Shape:
         return Shape.star(num_drafts, replacement=False)
@@ -74,7 +77,7 @@ class Poisson(KeyedScheme):
         return 1
 
     def initial_state(self, shape: Shape) -> Any:
-        return level_widths(shape)
+        return shape.level_widths
 
     def transitions(
         self, target: Probs, draft: Probs, shape: Shape, depth: int, state: Any
@@ -118,6 +121,9 @@ class Gumbel(Poisson):
 
     def supports(self, shape: Shape) -> bool:
         return shape.is_chain
+
+    def support_text(self) -> str:
+        return "sampled chains"
 
     def single_shape(self, num_drafts: int) -> Shape:
         return Shape.star(num_drafts, replacement=True)

@@ -19,9 +19,9 @@ from typing import Any
 
 from .._types import Probs
 from ..noise import Noise
-from ..ops import categorical
-from ..shapes import Shape
-from ..tree import DraftTree
+from ..ops import categorical, total
+from ..tree import DraftTree, DrawLaw
+from ..validation import check_pair, check_positive_int
 from .base import NodeScheme, Step
 
 
@@ -39,12 +39,11 @@ class NSS(NodeScheme):
         "Miao et al. 2024, SpecInfer (arXiv 2305.09781); Yang et al. 2024 (arXiv 2401.06706)"
     )
 
-    def supports(self, shape: Shape) -> bool:
-        return True
+    #: Every law, unknown included: the emitted token is the target's own draw with fresh
+    #: noise, so any tree drawn independently of the verifier's noise is verified exactly.
+    laws = frozenset(DrawLaw)
 
     def closed_acceptance(self, target: Probs, draft: Probs, num_drafts: int) -> Any:
-        from ..calculators import nss_acceptance
-
         return nss_acceptance(target, draft, num_drafts)
 
     def node_verify(
@@ -65,6 +64,40 @@ class NSS(NodeScheme):
             descend.append((child, target[token]))
             stop[token] = 0 * target[token]
         return descend, stop
+
+
+def nss_acceptance(target: Any, draft: Any, num_drafts: int) -> Any:
+    r"""NSS with :math:`k` i.i.d. candidates: :math:`\sum_t p(t)\,(1 - (1 - q(t))^k)`.
+
+    >>> from fractions import Fraction as F
+    >>> nss_acceptance([F(1, 2), F(1, 3), F(1, 6)], [F(1, 3)] * 3, 2)
+    Fraction(5, 9)
+    """
+    target, draft = check_pair(target, draft)
+    k = check_positive_int(num_drafts, "num_drafts")
+    return total(target * (1 - (1 - draft) ** k))
+
+
+def nss_expected_accepted(tree: DraftTree, target_probs: Probs) -> Any:
+    r"""NSS (or greedy matching) on a given tree, deterministic ones included.
+
+    .. math:: E[\tau] = \sum_{v \ne \text{root}} \prod_{u \in \text{path}(v)} p(u \mid
+              \text{parent}(u)),
+
+    with ``target_probs[n]`` the target after node ``n`` (specs, section 7).
+
+    >>> import numpy as np
+    >>> tree = DraftTree.chain([1, 0])
+    >>> float(nss_expected_accepted(tree, np.array([[0.5, 0.5], [0.25, 0.75], [1.0, 0.0]])))
+    0.625
+    """
+    reach: list[Any] = [1] * tree.num_nodes
+    result: Any = 0 * target_probs[0][0]
+    for node in range(1, tree.num_nodes):
+        parent = tree.parents[node]
+        reach[node] = reach[parent] * target_probs[parent][tree.tokens[node]]
+        result = result + reach[node]
+    return result
 
 
 SCHEME = NSS()

@@ -23,14 +23,14 @@ from __future__ import annotations
 from typing import Any
 
 from .._types import Probs
-from ..noise import Noise
-from ..ops import accept_probability, accepts, categorical, remove_token, residual
+from ..ops import remove_token, residual
 from ..shapes import Shape
-from ..tree import DraftTree
-from .base import NodeScheme, Step
+from ..tree import DrawLaw
+from .specinfer import RecursiveRejection
+from .standard import standard_acceptance
 
 
-class RSD(NodeScheme):
+class RSD(RecursiveRejection):
     """Recursive rejection sampling without replacement; exact on without-replacement drafts.
 
     >>> import specsampling as ss
@@ -42,36 +42,14 @@ class RSD(NodeScheme):
     name = "rsd"
     reference = "Jeon et al. 2024, RSD (arXiv 2402.14160); Yang et al. 2024 (arXiv 2401.06706)"
 
-    def supports(self, shape: Shape) -> bool:
-        return shape.is_chain or shape.law == "without"
+    laws = frozenset({DrawLaw.WITHOUT})
 
     def single_shape(self, num_drafts: int) -> Shape:
         return Shape.star(num_drafts, replacement=False)
 
-    def node_verify(
-        self, tree: DraftTree, node: int, target_probs: Probs, draft_probs: Probs, noise: Noise
-    ) -> Step:
-        current, draft = target_probs[node], draft_probs[node]
-        for child in tree.candidates[node]:
-            token = tree.tokens[child]
-            if accepts(noise.accept[child], current[token], draft[token]):
-                return child, None
-            current, draft = self.update(current, draft, token)
-        return None, categorical(current, noise.sample[node])
-
-    def node_law(
-        self, tree: DraftTree, node: int, target_probs: Probs, draft_probs: Probs
-    ) -> tuple[list[tuple[int, Any]], Probs]:
-        current, draft = target_probs[node], draft_probs[node]
-        remaining: Any = 1
-        descend = []
-        for child in tree.candidates[node]:
-            token = tree.tokens[child]
-            accept = accept_probability(current[token], draft[token])
-            descend.append((child, remaining * accept))
-            remaining = remaining * (1 - accept)
-            current, draft = self.update(current, draft, token)
-        return descend, remaining * current
+    def closed_acceptance(self, target: Probs, draft: Probs, num_drafts: int) -> Any:
+        """One candidate is a chain of one token: standard acceptance, :math:`\\sum \\min(p, q)`."""
+        return standard_acceptance(target, draft) if num_drafts == 1 else None
 
     def update(self, target: Probs, draft: Probs, token: int) -> tuple[Probs, Probs]:
         """After rejecting ``token``: residual with the current draft, then remove the token."""

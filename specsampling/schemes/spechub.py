@@ -51,11 +51,18 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .._types import Probs
-from ..errors import UnsupportedShape
 from ..noise import Noise
-from ..ops import accept_probability, accepts, categorical, normalise, residual, total
+from ..ops import (
+    accept_probability,
+    accepts,
+    categorical,
+    normalise,
+    standard_step,
+    standard_step_law,
+    total,
+)
 from ..shapes import Shape
-from ..tree import DraftTree
+from ..tree import DraftTree, DrawLaw
 from ..validation import check_pair, check_positive_int
 from .base import NodeScheme, Step
 
@@ -146,17 +153,13 @@ class SpecHub(NodeScheme):
     name = "spechub"
     reference = "Sun, Zhou, Chen, Sun 2024, SpecHub (arXiv 2411.05289)"
 
-    def supports(self, shape: Shape) -> bool:
-        return shape.law == "hub" or shape.is_chain
+    laws = frozenset({DrawLaw.HUB})
 
-    def check(self, shape: Shape) -> None:
-        """Raise :class:`UnsupportedShape`, saying which shapes SpecHub runs, unless supported."""
-        if not self.supports(shape):
-            raise UnsupportedShape(
-                f"scheme 'spechub' drafts exactly two candidates per node with its own law "
-                f"(Shape.hub(depth)), or runs a chain; it is not exact for {shape!r} "
-                f"(draft law {shape.law!r})"
-            )
+    def support_text(self) -> str:
+        return (
+            "exactly two candidates per node drawn by its own law (Shape.hub(depth), law 'hub') "
+            "and sampled chains"
+        )
 
     def single_shape(self, num_drafts: int) -> Shape:
         """``Shape.hub()`` for two drafts; otherwise ``Shape.star(k)``: a chain for ``k = 1``,
@@ -201,10 +204,9 @@ class SpecHub(NodeScheme):
         target, draft = target_probs[node], draft_probs[node]
         if len(tree.candidates[node]) == 1:
             (child,) = tree.candidates[node]
-            token = tree.tokens[child]
-            if accepts(noise.accept[child], target[token], draft[token]):
-                return child, None
-            return None, categorical(residual(target, draft), noise.sample[node])
+            u_accept, u_sample = noise.accept[child], noise.sample[node]
+            drawn = standard_step(target, draft, tree.tokens[child], u_accept, u_sample)
+            return (child, None) if drawn is None else (None, drawn)
         plan = self.plan(target, draft)
         roles = self.roles(tree, node, plan)
         if accepts(noise.accept[roles.own_child], roles.own[0], roles.own[1]):
@@ -219,9 +221,8 @@ class SpecHub(NodeScheme):
         target, draft = target_probs[node], draft_probs[node]
         if len(tree.candidates[node]) == 1:
             (child,) = tree.candidates[node]
-            token = tree.tokens[child]
-            accept = accept_probability(target[token], draft[token])
-            return [(child, accept)], (1 - accept) * residual(target, draft)
+            accept, stop = standard_step_law(target, draft, tree.tokens[child])
+            return [(child, accept)], stop
         plan = self.plan(target, draft)
         roles = self.roles(tree, node, plan)
         own = accept_probability(*roles.own)

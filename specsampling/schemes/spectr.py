@@ -43,25 +43,31 @@ Transport", NeurIPS 2023, arXiv 2310.15141.
 
 from __future__ import annotations
 
-import functools
 from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
 from .._types import Probs, Scalar
-from ..noise import LARGEST_BELOW_ONE, Noise
-from ..ops import accept_probability, accepts, categorical, normalise, positive_part, total
-from ..shapes import Shape
-from ..tree import DraftTree
+from ..noise import Noise
+from ..ops import (
+    accept_probability,
+    accepts,
+    categorical,
+    clip_probability,
+    memo_by_distribution,
+    normalise,
+    positive_part,
+    reuse_uniform,
+    total,
+)
+from ..tree import DraftTree, DrawLaw
 from ..validation import check_pair, check_positive_int
 from .base import NodeScheme, Step
 
 #: Width of the final bisection bracket: :math:`\rho^*` is returned within this of the root,
 #: always on the feasible side (exactly so for ``Fraction`` inputs).
 RHO_TOLERANCE = Fraction(1, 2**40)
-#: Node-level rho* is memoised for vocabularies up to this size.
-_MEMO_VOCAB = 1024
 
 
 def optimal_rho(target: Any, draft: Any, num_drafts: int) -> Any:
@@ -124,7 +130,8 @@ def spectr_acceptance(target: Any, draft: Any, num_drafts: int) -> Any:
         return 1 - all_rejected
     rejected_law = positive_part(draft - target / rho) / rejected
     hit = total(_residual(target, draft, rho, k) * (1 - (1 - rejected_law) ** k))
-    return 1 - all_rejected + all_rejected * hit
+    # A probability: a draft summing to 1 + 2**-52 on a disjoint support once gave -2.2e-16.
+    return clip_probability(1 - all_rejected + all_rejected * hit)
 
 
 class SpecTr(NodeScheme):
@@ -142,8 +149,7 @@ class SpecTr(NodeScheme):
         "(arXiv 2310.15141)"
     )
 
-    def supports(self, shape: Shape) -> bool:
-        return shape.is_chain or shape.law == "iid"
+    laws = frozenset({DrawLaw.IID})
 
     def closed_acceptance(self, target: Probs, draft: Probs, num_drafts: int) -> Any:
         return spectr_acceptance(target, draft, num_drafts)
@@ -165,9 +171,8 @@ class SpecTr(NodeScheme):
             u = uniforms.get(child, float(noise.accept[child]))
             if accepts(u, target[token], scaled):
                 return child, None
-            # Rejected, so u is uniform on [a, 1): rescale it for the next copy of this token.
-            accept = accept_probability(target[token], scaled)
-            uniforms[child] = min(max(float((u - accept) / (1 - accept)), 0.0), LARGEST_BELOW_ONE)
+            # Rejected: the next copy of this token reads the rescaled uniform (see Noise).
+            uniforms[child] = reuse_uniform(u, accept_probability(target[token], scaled))
         residual = _residual(target, draft, rho, len(candidates))
         return None, categorical(residual, noise.sample[node])
 
@@ -222,25 +227,8 @@ def _optimal_rho(target: Probs, draft: Probs, num_drafts: int) -> Any:
     return high
 
 
-def _node_rho(target: Probs, draft: Probs, num_drafts: int) -> Any:
-    """:func:`_optimal_rho`, memoised for small vocabularies: exact enumeration revisits the
-    same node distributions in every tree it drafts."""
-    if target.shape[-1] > _MEMO_VOCAB:
-        return _optimal_rho(target, draft, num_drafts)
-    if target.dtype == object:
-        return _exact_rho(tuple(target), tuple(draft), num_drafts)
-    as_bytes = [np.asarray(probs, dtype=np.float64).tobytes() for probs in (target, draft)]
-    return _float_rho(*as_bytes, num_drafts)
-
-
-@functools.lru_cache(maxsize=4096)
-def _exact_rho(target: tuple[Any, ...], draft: tuple[Any, ...], num_drafts: int) -> Any:
-    return _optimal_rho(np.array(target, dtype=object), np.array(draft, dtype=object), num_drafts)
-
-
-@functools.lru_cache(maxsize=4096)
-def _float_rho(target: bytes, draft: bytes, num_drafts: int) -> Any:
-    return _optimal_rho(np.frombuffer(target), np.frombuffer(draft), num_drafts)
+#: :func:`_optimal_rho`, memoised: exact enumeration revisits the same node distributions.
+_node_rho = memo_by_distribution(_optimal_rho)
 
 
 def _residual(target: Probs, draft: Probs, rho: Scalar, num_drafts: int) -> Probs:

@@ -21,11 +21,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._types import Probs
+import numpy as np
+
+from .._types import Prefix, Probs
 from ..noise import Noise
-from ..ops import accept_probability, accepts, categorical, residual
-from ..shapes import Shape
+from ..ops import standard_step, standard_step_law, total
+from ..pairs import ModelPair, Stationary
 from ..tree import DraftTree
+from ..validation import check_pair, check_positive_int
 from .base import NodeScheme, Step
 
 
@@ -42,42 +45,64 @@ class Standard(NodeScheme):
     name = "standard"
     reference = "Leviathan et al. 2023 (arXiv 2211.17192); Chen et al. 2023 (arXiv 2302.01318)"
 
-    def supports(self, shape: Shape) -> bool:
-        return shape.is_chain
-
     def closed_acceptance(self, target: Probs, draft: Probs, num_drafts: int) -> Any:
-        from ..calculators import standard_acceptance
-
         return standard_acceptance(target, draft) if num_drafts == 1 else None
 
     def node_verify(
         self, tree: DraftTree, node: int, target_probs: Probs, draft_probs: Probs, noise: Noise
     ) -> Step:
         (child,) = tree.candidates[node]
-        token = tree.tokens[child]
-        target, draft = target_probs[node], draft_probs[node]
-        if self.accepts(noise.accept[child], target[token], draft[token]):
-            return child, None
-        return None, categorical(self.residual(target, draft), noise.sample[node])
+        u_accept, u_sample = noise.accept[child], noise.sample[node]
+        drawn = standard_step(
+            target_probs[node], draft_probs[node], tree.tokens[child], u_accept, u_sample
+        )
+        return (child, None) if drawn is None else (None, drawn)
 
     def node_law(
         self, tree: DraftTree, node: int, target_probs: Probs, draft_probs: Probs
     ) -> tuple[list[tuple[int, Any]], Probs]:
         (child,) = tree.candidates[node]
-        token = tree.tokens[child]
-        target, draft = target_probs[node], draft_probs[node]
-        accept = self.accept_probability(target[token], draft[token])
-        return [(child, accept)], (1 - accept) * self.residual(target, draft)
+        accept, stop = standard_step_law(target_probs[node], draft_probs[node], tree.tokens[child])
+        return [(child, accept)], stop
 
-    # Hooks the mutant catalogue overrides, in pairs: the sampled test and its exact probability.
-    def residual(self, target: Probs, draft: Probs) -> Probs:
-        return residual(target, draft)
 
-    def accepts(self, u: float, target_x: Any, draft_x: Any) -> bool:
-        return accepts(u, target_x, draft_x)
+def standard_acceptance(target: Any, draft: Any) -> Any:
+    r"""Single-draft acceptance :math:`\beta = \sum_x \min(p(x), q(x)) = 1 - \mathrm{TV}(p, q)`.
 
-    def accept_probability(self, target_x: Any, draft_x: Any) -> Any:
-        return accept_probability(target_x, draft_x)
+    >>> round(float(standard_acceptance([1/2, 1/3, 1/6], [1/3, 1/3, 1/3])), 6)
+    0.833333
+    """
+    target, draft = check_pair(target, draft)
+    return total(np.minimum(target, draft))
+
+
+def chain_expected_accepted(pair: ModelPair, length: int, prefix: Prefix = ()) -> Any:
+    r"""Standard speculative sampling on a chain: exact :math:`E[\tau]` for any model pair.
+
+    .. math:: E[\tau] = \sum_{i=1}^{\gamma} \sum_{x_{1:i}} \prod_{j \le i}
+              \min(p_j(x_j), q_j(x_j)).
+
+    Enumerates the contexts with positive overlap (``vocab ** (length - 1)`` at most); for a
+    :class:`~specsampling.pairs.Stationary` pair it is :math:`\sum_{i \le \gamma} \beta^i`.
+
+    >>> from fractions import Fraction as F
+    >>> from specsampling.pairs import Stationary
+    >>> chain_expected_accepted(Stationary([F(1, 3), F(2, 3)], [F(2, 3), F(1, 3)]), 2)
+    Fraction(10, 9)
+    """
+    length = check_positive_int(length, "length", minimum=0)
+    if isinstance(pair, Stationary):
+        beta = total(np.minimum(pair.target(()), pair.draft(())))
+        return sum((beta**i for i in range(1, length + 1)), 0 * beta)
+    if length == 0:
+        return 0
+    overlap = np.minimum(pair.target(tuple(prefix)), pair.draft(tuple(prefix)))
+    result: Any = total(overlap)
+    if length > 1:
+        for token in np.flatnonzero(np.asarray(overlap > 0, dtype=bool)):
+            deeper = chain_expected_accepted(pair, length - 1, (*prefix, int(token)))
+            result = result + overlap[token] * deeper
+    return result
 
 
 SCHEME = Standard()

@@ -33,9 +33,9 @@ from typing import Any
 from .._types import Probs
 from ..noise import Noise
 from ..ops import categorical, positive_part, remove_token, total
-from ..shapes import Shape
-from ..tree import DraftTree
-from .base import TreeScheme, Verdict, VerdictLaw, check_round
+from ..tree import DraftTree, DrawLaw
+from .base import TreeScheme, Verdict, VerdictLaw
+from .standard import standard_acceptance
 
 
 class TraversalState:
@@ -86,13 +86,16 @@ class Traversal(TreeScheme):
     name = "traversal"
     reference = "Weng et al. 2025, traversal verification (arXiv 2505.12398)"
 
-    def supports(self, shape: Shape) -> bool:
-        return shape.is_chain or shape.law in ("iid", "without")
+    laws = frozenset({DrawLaw.IID, DrawLaw.WITHOUT})
+
+    def closed_acceptance(self, target: Probs, draft: Probs, num_drafts: int) -> Any:
+        """One candidate is a chain of one token: standard acceptance, :math:`\\sum \\min(p, q)`."""
+        return standard_acceptance(target, draft) if num_drafts == 1 else None
 
     def verify(
         self, tree: DraftTree, target_probs: Probs, draft_probs: Probs, noise: Noise
     ) -> Verdict:
-        check_round(tree, target_probs, draft_probs, noise)
+        self.check_round(tree, target_probs, draft_probs, noise)
         state = TraversalState(tree, target_probs, draft_probs)
         while True:
             leaf = state.first_leaf()
@@ -101,7 +104,7 @@ class Traversal(TreeScheme):
             self.reject(state, leaf)
 
     def verdict_law(self, tree: DraftTree, target_probs: Probs, draft_probs: Probs) -> VerdictLaw:
-        check_round(tree, target_probs, draft_probs)
+        self.check_round(tree, target_probs, draft_probs)
         state = TraversalState(tree, target_probs, draft_probs)
         law: VerdictLaw = {}
         remaining: Any = 1
