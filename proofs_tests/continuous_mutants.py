@@ -21,8 +21,13 @@ from typing import Any, NamedTuple
 import numpy as np
 from scipy import stats
 
-from specsampling.continuous import ChainNoise, Frame, NodeNoise, acceptance
-from specsampling.continuous.api import _chain_with_noise, _verify_with_noise
+from specsampling.continuous import (
+    Frame,
+    NodeNoise,
+    acceptance,
+    verify_chain_with_noise,
+    verify_with_noise,
+)
 from specsampling.continuous.base import Array
 from specsampling.continuous.block import Block
 from specsampling.continuous.dgrs import DGRS, Recursion
@@ -148,7 +153,7 @@ def node_law(scheme: Any, num_drafts: int, delta: float, size: int, seed: int) -
     rng = np.random.default_rng(seed)
     case = node_case(delta, num_drafts, size, rng)
     noise = NodeNoise.draw(rng, size, num_drafts, DIM)
-    out = _verify_with_noise(scheme, case.target, case.draft, STD, case.children, noise)
+    out = verify_with_noise(scheme, case.target, case.draft, STD, case.children, noise)
     standard = (out.states - case.target) / STD
     alpha = acceptance("dgrs", delta, num_drafts)  # the closed form of the correct rule
     measured = float(np.mean(out.index >= 0))
@@ -166,7 +171,7 @@ def zperp_correlations(scheme: Any, num_drafts: int, size: int, seed: int) -> tu
     rng = np.random.default_rng(seed)
     case = node_case(1.5, num_drafts, size, rng)
     noise = NodeNoise.draw(rng, size, num_drafts, DIM)
-    out = _verify_with_noise(scheme, case.target, case.draft, STD, case.children, noise)
+    out = verify_with_noise(scheme, case.target, case.draft, STD, case.children, noise)
     rows = out.index < 0
     output = out.states[rows] @ case.across
     first = case.children[rows, 0] @ case.across
@@ -190,7 +195,7 @@ def boundary_violations(scheme: Any) -> list[str]:
     children = np.zeros((1, 2, DIM))
     children[0, 1, 0] = -3.0
     noise = NodeNoise(np.array([[1 - 2**-53, 0.0]]), np.array([0.5]), np.zeros((1, DIM)))
-    out = _verify_with_noise(scheme, target, draft, 1.0, children, noise)
+    out = verify_with_noise(scheme, target, draft, 1.0, children, noise)
     if out.index[0] == 1:
         problems.append("u = 0 accepted child 1 whose beta is 0")
     return problems
@@ -205,7 +210,7 @@ def degenerate_violations(scheme: Any, num_drafts: int = 4) -> list[str]:
         noise = NodeNoise(
             np.full((200, num_drafts), 1 - 2**-53), rng.random(200), rng.standard_normal((200, 4))
         )
-        out = _verify_with_noise(scheme, case.target, case.draft, STD, case.children, noise)
+        out = verify_with_noise(scheme, case.target, case.draft, STD, case.children, noise)
         if np.any(out.index != 0) or not np.all(np.isfinite(out.states)):
             problems.append(f"delta={delta}: a degenerate node did not accept child 0")
         value = scheme.acceptance(np.array([delta]), num_drafts)[0]
@@ -260,8 +265,8 @@ def fresh_noise_correlation(scheme: Any, size: int, seed: int) -> tuple[float, i
     rng = np.random.default_rng(seed)
     length = 2
     chains = draft_chains(size, length, rng)
-    noise = ChainNoise.draw(rng, size, length, 2)
-    out = _chain_with_noise(
+    noise = NodeNoise.draw(rng, size, length, 2)
+    out = verify_chain_with_noise(
         scheme, chains.target_means, chains.draft_means, chains.std, chains.children, noise
     )
     rows = np.flatnonzero(out.num_committed < length)
@@ -284,8 +289,8 @@ def chain_law(scheme: Any, size: int, seed: int, length: int = 3) -> tuple[list[
     of the measured E[tau*] against the mean of the scheme's own weights."""
     rng = np.random.default_rng(seed)
     chains = draft_chains(size, length, rng)
-    noise = ChainNoise.draw(rng, size, length, 2)
-    out = _chain_with_noise(
+    noise = NodeNoise.draw(rng, size, length, 2)
+    out = verify_chain_with_noise(
         scheme, chains.target_means, chains.draft_means, chains.std, chains.children, noise
     )
     pvalues = []

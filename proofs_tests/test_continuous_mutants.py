@@ -22,7 +22,6 @@ from scipy import stats
 
 import specsampling.continuous as sc
 from proofs_tests import continuous_mutants as cm
-from specsampling.continuous.api import _verify_with_noise
 
 SIZE = 20_000
 SEED = 7
@@ -70,7 +69,7 @@ def test_child_zero_is_pinned_when_it_sits_right_of_the_midpoint() -> None:
     s, _ = sc.Frame.of(case.target, case.draft, np.full(2000, cm.STD)).project(case.children)
     noise = sc.NodeNoise.draw(rng, 2000, 4, cm.DIM)
     for scheme, must_pin in ((sc.SCHEMES["dgrs"], True), (cm.DGRSScannedByRatio(), False)):
-        out = _verify_with_noise(scheme, case.target, case.draft, cm.STD, case.children, noise)
+        out = sc.verify_with_noise(scheme, case.target, case.draft, cm.STD, case.children, noise)
         pinned = bool(np.all(out.index[s[:, 0] > 0.5] == 0))
         assert pinned is must_pin
 

@@ -22,8 +22,8 @@ import pytest
 from scipy import integrate, stats
 
 import specsampling.continuous as sc
-from specsampling.continuous import ChainNoise, Frame, NodeNoise
-from specsampling.continuous.api import _chain_with_noise, _verify_with_noise
+from proofs_tests import continuous_mutants as cm
+from specsampling.continuous import Frame, NodeNoise, verify_chain_with_noise, verify_with_noise
 
 SEED = 20260917
 SIZE = 20_000
@@ -132,10 +132,10 @@ def test_rows_with_different_sigma_follow_their_own_kernel(name: str) -> None:
         assert _ks(standard @ ACROSS) > ALPHA
     # Row independence, path by path: the batch equals its rows verified one at a time.
     noise = NodeNoise.draw(rng, 50, k, DIM)
-    batch = _verify_with_noise(name, target[:50], draft[:50], std[:50], children[:50], noise)
+    batch = verify_with_noise(name, target[:50], draft[:50], std[:50], children[:50], noise)
     for b in range(50):
         row = NodeNoise(*(a[b : b + 1] for a in noise))
-        one = _verify_with_noise(
+        one = verify_with_noise(
             name, target[b : b + 1], draft[b : b + 1], std[b], children[b : b + 1], row
         )
         assert one.index[0] == batch.index[b]
@@ -151,7 +151,7 @@ def test_degenerate_delta_accepts_the_first_child(name: str, delta: float) -> No
     noise = NodeNoise(np.full((500, k), 1 - 2**-53), rng.random(500), rng.random((500, DIM)))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        out = _verify_with_noise(name, target, draft, 0.7, children, noise)
+        out = verify_with_noise(name, target, draft, 0.7, children, noise)
         assert sc.acceptance(name, delta, k) == 1.0
     assert np.all(out.index == 0) and np.array_equal(out.states, children[:, 0])
 
@@ -164,7 +164,7 @@ def test_boundary_noise_never_accepts_an_impossible_child(name: str) -> None:
     children = np.zeros((1, 1, DIM))
     children[0, 0, 0] = -30.0
     noise = NodeNoise(np.zeros((1, 1)), np.zeros(1), np.zeros((1, DIM)))
-    out = _verify_with_noise(name, target, draft, 1.0, children, noise)
+    out = verify_with_noise(name, target, draft, 1.0, children, noise)
     assert out.index[0] == -1 and np.all(np.isfinite(out.states))
 
 
@@ -279,46 +279,16 @@ def test_frame_round_trip() -> None:
 
 # ----------------------------------------------------------------------------- chains
 
-TARGET_MAP, TARGET_SHIFT = np.array([[1.0, 1.5], [0.0, 0.9]]), np.array([1.2, 0.0])
-DRAFT_MAP, DRAFT_SHIFT = np.array([[0.9, 0.0], [0.0, 1.0]]), np.array([0.0, 0.3])
-CHAIN_STD = np.array([0.8, 1.0, 1.2, 0.9])
+# The drafted chains and their weights are the mutant checks' (proofs_tests/continuous_mutants.py).
 
 
-def _target(y: Any) -> Any:
-    return y @ TARGET_MAP.T + TARGET_SHIFT
+def _chains(size: int, rng: Any) -> cm.Chains:
+    return cm.draft_chains(size, CHAIN_LENGTH, rng)
 
 
-def _draft(y: Any) -> Any:
-    return y @ DRAFT_MAP.T + DRAFT_SHIFT
-
-
-def _chains(size: int, rng: Any) -> tuple[Any, ...]:
-    roots = rng.standard_normal((size, 2))
-    parent, kids = roots, []
-    for i in range(CHAIN_LENGTH):
-        parent = _draft(parent) + CHAIN_STD[i] * rng.standard_normal((size, 2))
-        kids.append(parent)
-    children = np.stack(kids, axis=1)
-    parents = np.concatenate([roots[:, None], children], axis=1)
-    std = np.broadcast_to(CHAIN_STD, (size, CHAIN_LENGTH + 1))
-    return roots, children, _target(parents), _draft(parents[:, :CHAIN_LENGTH]), std
-
-
-def _weights(children: Any, target_means: Any, draft_means: Any, std: Any) -> tuple[Any, Any]:
+def _weights(chains: cm.Chains) -> tuple[Any, Any]:
     """Per chain: sum_i w_i (block) and sum_i prod_{j<=i} min(1, rho_j) (reflection)."""
-    log_block = log_reflection = np.zeros(children.shape[0])
-    block = reflection = 0.0
-    for i in range(children.shape[1]):
-        gap = target_means[:, i] - draft_means[:, i]
-        delta = np.linalg.norm(gap, axis=1) / std[:, i]
-        s = np.sum((children[:, i] - draft_means[:, i]) * gap, 1) / (
-            np.linalg.norm(gap, axis=1) * std[:, i]
-        )
-        log_ratio = delta * (s - delta / 2)
-        log_block = np.minimum(0.0, log_block + log_ratio)
-        log_reflection = log_reflection + np.minimum(0.0, log_ratio)
-        block, reflection = block + np.exp(log_block), reflection + np.exp(log_reflection)
-    return block, reflection
+    return cm.block_weights(chains).sum(axis=1), cm.block_weights(chains, reflection=True).sum(1)
 
 
 @pytest.mark.parametrize("verify", [sc.verify_block, sc.verify_chain], ids=["block", "reflection"])
@@ -326,22 +296,23 @@ def test_chain_output_is_a_target_markov_chain(verify: Any) -> None:
     """Committed prefix + extra state + target samples: each innovation is N(0, I) along and
     across the mismatch at its parent; E[#committed] matches the weights of the drafted chains."""
     rng = np.random.default_rng(SEED + 7)
-    roots, children, target_means, draft_means, std = _chains(SIZE, rng)
+    chains = _chains(SIZE, rng)
+    roots, children, target_means, draft_means, std = chains
     out = verify(target_means, draft_means, std, children, rng)
     assert out.num_committed.shape == (SIZE,) and out.states.shape == (SIZE, 2)
     previous = roots
     for j in range(CHAIN_LENGTH + 1):
-        state = _target(previous) + CHAIN_STD[j] * rng.standard_normal((SIZE, 2))
+        state = cm.target_mean(previous) + cm.CHAIN_STD[j] * rng.standard_normal((SIZE, 2))
         state = np.where((out.num_committed == j)[:, None], out.states, state)
         if j < CHAIN_LENGTH:
             state = np.where((out.num_committed > j)[:, None], children[:, j], state)
-        gap = _target(previous) - _draft(previous)
+        gap = cm.target_mean(previous) - cm.draft_mean(previous)
         along = gap / np.linalg.norm(gap, axis=1, keepdims=True)
-        innovation = (state - _target(previous)) / CHAIN_STD[j]
+        innovation = (state - cm.target_mean(previous)) / cm.CHAIN_STD[j]
         assert _ks(np.sum(innovation * along, 1)) > ALPHA
         assert _ks(innovation[:, 0] * along[:, 1] - innovation[:, 1] * along[:, 0]) > ALPHA
         previous = state
-    block, reflection = _weights(children, target_means, draft_means, std)
+    block, reflection = _weights(chains)
     expected = block if verify is sc.verify_block else reflection
     diff = out.num_committed - expected
     assert abs(diff.mean()) <= Z * diff.std() / np.sqrt(SIZE)
@@ -349,8 +320,9 @@ def test_chain_output_is_a_target_markov_chain(verify: Any) -> None:
 
 def test_block_never_commits_fewer_than_reflection() -> None:
     rng = np.random.default_rng(SEED + 8)
-    _, children, target_means, draft_means, std = _chains(SIZE, rng)
-    block, reflection = _weights(children, target_means, draft_means, std)
+    chains = _chains(SIZE, rng)
+    _, children, target_means, draft_means, std = chains
+    block, reflection = _weights(chains)
     assert np.all(block >= reflection - 1e-12) and block.mean() > reflection.mean()
     by_block = sc.verify_block(target_means, draft_means, std, children, rng).num_committed
     by_reflection = sc.verify_chain(target_means, draft_means, std, children, rng).num_committed
@@ -362,26 +334,26 @@ def test_chain_edge_cases_and_consistency() -> None:
     rng = np.random.default_rng(SEED + 9)
     _, children, target_means, draft_means, std = _chains(200, rng)
     same = np.concatenate([draft_means, target_means[:, -1:]], axis=1)  # target == draft
-    noise = ChainNoise(
+    noise = NodeNoise(
         np.full((200, CHAIN_LENGTH), 1 - 2**-53), rng.random(200), rng.standard_normal((200, 2))
     )
     for scheme in (sc.SCHEMES["block"], sc.SCHEMES["reflection"]):
-        out = _chain_with_noise(scheme, same, draft_means, std, children, noise)  # type: ignore[arg-type]
+        out = verify_chain_with_noise(scheme, same, draft_means, std, children, noise)
         assert np.all(out.num_committed == CHAIN_LENGTH)
-        np.testing.assert_allclose(out.states, same[:, -1] + CHAIN_STD[-1] * noise.gaussian)
+        np.testing.assert_allclose(out.states, same[:, -1] + cm.CHAIN_STD[-1] * noise.gaussian)
     # A one-level block round accepts exactly when the single-node rule does (same uniforms).
     node_noise = NodeNoise(rng.random((200, 1)), rng.random(200), rng.standard_normal((200, 2)))
-    node = _verify_with_noise(
+    node = verify_with_noise(
         "block", target_means[:, 0], draft_means[:, 0], std[:, 0], children[:, :1], node_noise
     )
-    chain = _chain_with_noise(
+    chain = verify_chain_with_noise(
         sc.SCHEMES["block"],
         target_means[:, :2],
         draft_means[:, :1],
         std[:, :2],
         children[:, :1],
-        ChainNoise(*node_noise),
-    )  # type: ignore[arg-type]
+        node_noise,
+    )
     assert np.array_equal(chain.num_committed == 1, node.index == 0)
     rejected = node.index < 0
     np.testing.assert_allclose(chain.states[rejected], node.states[rejected])

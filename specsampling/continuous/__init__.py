@@ -21,7 +21,15 @@ One denoising step has a target kernel :math:`P = N(m_t, \sigma^2 I)` and a draf
 from __future__ import annotations
 
 from .._registry import Registry
-from .api import acceptance, sample, verify, verify_block, verify_chain
+from .api import (
+    acceptance,
+    sample,
+    verify,
+    verify_block,
+    verify_chain,
+    verify_chain_with_noise,
+    verify_with_noise,
+)
 from .base import (
     BlockVerified,
     ChainLevels,
@@ -36,7 +44,14 @@ from .base import (
 from .dgrs import dgrs_masses
 from .frame import DEGENERATE_DELTA, Frame
 from .registry import SCHEMES, get_scheme
-from .residual import residual_cdf, residual_mass, residual_threshold, sample_residual
+from .residual import (
+    residual_cdf,
+    residual_log_mass,
+    residual_mass,
+    residual_threshold,
+    sample_residual,
+    sample_residual_log_lam,
+)
 
 __all__ = [
     "DEGENERATE_DELTA",
@@ -56,11 +71,15 @@ __all__ = [
     "dgrs_masses",
     "get_scheme",
     "residual_cdf",
+    "residual_log_mass",
     "residual_mass",
     "residual_threshold",
     "sample",
     "sample_residual",
+    "sample_residual_log_lam",
     "verify",
     "verify_block",
     "verify_chain",
+    "verify_chain_with_noise",
+    "verify_with_noise",
 ]

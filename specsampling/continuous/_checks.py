@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import numbers
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from ..validation import check_positive_int
 from .base import Array, ContinuousScheme
 
 
@@ -18,18 +18,9 @@ def check_rng(rng: Any) -> np.random.Generator:
     return rng
 
 
-def check_count(value: Any, name: str) -> int:
-    """A positive Python or numpy integer (not a bool)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
-    if value < 1:
-        raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
-    return int(value)
-
-
 def check_num_drafts(scheme: ContinuousScheme, num_drafts: Any) -> int:
     """``num_drafts`` is an integer >= 1 that the scheme supports."""
-    k = check_count(num_drafts, "num_drafts")
+    k = check_positive_int(num_drafts, "num_drafts")
     if scheme.max_drafts is not None and k > scheme.max_drafts:
         raise ValueError(
             f"num_drafts: scheme {scheme.name!r} verifies at most {scheme.max_drafts} "

@@ -1,5 +1,10 @@
 r"""Public entry points: acceptance, single-node sampling, node and chain verification.
 
+:func:`verify_with_noise` and :func:`verify_chain_with_noise` take the noise as data
+(:class:`~specsampling.continuous.base.NodeNoise`); :func:`sample`, :func:`verify`,
+:func:`verify_block` and :func:`verify_chain` draw it from a :class:`numpy.random.Generator` and
+call them.
+
 Shapes: ``B`` rows (independent nodes or chains, each with its own :math:`\sigma`), ``K``
 children per node, ``L`` levels per chain, ``dim`` state dimensions. Means and children may be
 any float dtype; :math:`\delta`, :math:`\tau` and the masses are float64, and the returned states
@@ -14,9 +19,9 @@ from typing import Any, overload
 import numpy as np
 import numpy.typing as npt
 
+from ..validation import check_positive_int
 from ._checks import (
     check_array,
-    check_count,
     check_delta,
     check_num_drafts,
     check_rng,
@@ -24,7 +29,7 @@ from ._checks import (
     check_std,
     state_dtype,
 )
-from .base import Array, BlockVerified, ChainLevels, ChainNoise, ChainScheme, NodeNoise, Verified
+from .base import Array, BlockVerified, ChainLevels, ChainScheme, NodeNoise, Verified
 from .block import SCHEME as BLOCK
 from .frame import Frame
 from .reflection import SCHEME as REFLECTION
@@ -116,17 +121,15 @@ def sample(
     """
     resolved = get_scheme(scheme)
     k = check_num_drafts(resolved, num_drafts)
-    n = check_count(size, "size")
+    n = check_positive_int(size, "size")
     rng = check_rng(rng)
-    target, draft = (
-        _rows(m, name, n) for m, name in ((target_mean, "target_mean"), (draft_mean, "draft_mean"))
-    )
-    check_shape(draft, "draft_mean", target.shape)
+    target = _means(target_mean, "target_mean", n)
+    draft = _means(draft_mean, "draft_mean", n, target.shape[1])
     sigma = check_std(std, (n,))
     dtype = state_dtype(target, draft)
     noise = rng.standard_normal((n, k, target.shape[1]))
     children = (draft[:, None, :] + sigma[:, None, None] * noise).astype(dtype)
-    return _verify_with_noise(
+    return verify_with_noise(
         resolved, target, draft, sigma, children, NodeNoise.draw(rng, n, k, target.shape[1])
     )
 
@@ -176,7 +179,7 @@ def verify(
     kids = check_array(children, "children", 3)
     batch, k, dim = kids.shape
     noise = NodeNoise.draw(rng, batch, check_num_drafts(resolved, k), dim)
-    return _verify_with_noise(resolved, target_mean, draft_mean, std, kids, noise)
+    return verify_with_noise(resolved, target_mean, draft_mean, std, kids, noise)
 
 
 def verify_block(
@@ -212,7 +215,7 @@ def verify_block(
     >>> out.num_committed.shape, out.states.shape
     ((4,), (4, 2))
     """
-    return _chain_with_noise(
+    return verify_chain_with_noise(
         BLOCK, target_means, draft_means, std, children, _chain_noise(rng, children)
     )
 
@@ -241,42 +244,126 @@ def verify_chain(
     >>> verify_chain(parents, parents[:, :2], 1.0, chain, rng).num_committed  # draft == target
     array([2, 2, 2, 2])
     """
-    return _chain_with_noise(
+    return verify_chain_with_noise(
         REFLECTION, target_means, draft_means, std, children, _chain_noise(rng, children)
     )
 
 
-# --- explicit-noise entry points (reference implementations; tests inject boundary noise) ----
+# --- explicit-noise entry points: the reference a lowering and boundary-noise tests call -----
 
 
-def _verify_with_noise(
+def verify_with_noise(
     scheme: Any, target_mean: Any, draft_mean: Any, std: Any, children: Any, noise: NodeNoise
 ) -> Verified:
-    """:func:`verify` with explicit :class:`NodeNoise`."""
+    r""":func:`verify` with all of its randomness passed in as a :class:`NodeNoise`.
+
+    The same inputs and the same noise give the same states and indices, bit for bit: this is
+    the seam that ties a lowering (or a boundary-noise test) to the reference.
+
+    Parameters
+    ----------
+    scheme : str or ContinuousScheme
+        ``"dgrs"`` takes any ``K >= 1``; ``"reflection"`` and ``"block"`` take ``K = 1``.
+    target_mean, draft_mean : array_like, shape (B, dim)
+        Per-row means (a ``(dim,)`` vector is shared by every row).
+    std : float or array_like, shape (B,)
+        :math:`\sigma_b > 0`.
+    children : array_like, shape (B, K, dim)
+        The drafted children, in drafting order.
+    noise : NodeNoise
+        ``accept`` (B, K) and ``residual`` (B,) uniforms in [0, 1), ``gaussian`` (B, dim)
+        standard normals.
+
+    Returns
+    -------
+    Verified
+        ``states`` (B, dim) in the children's dtype and ``index`` (B,) in ``{-1, 0..K-1}``.
+
+    Examples
+    --------
+    A child at :math:`s = -3` from the draft mean, :math:`\delta = 1`: its likelihood ratio is
+    :math:`e^{-3.5} \approx 0.030`, so block accepts it at :math:`u = 0.01` and not at
+    :math:`u = 0.5`, where the residual at :math:`u = 0` is its threshold :math:`\delta/2`
+    (with the fresh orthogonal noise 0).
+
+    >>> import numpy as np
+    >>> target, draft = np.array([1.0, 0.0]), np.array([0.0, 0.0])
+    >>> children = np.array([[[-3.0, 0.5]], [[-3.0, 0.5]]])
+    >>> noise = NodeNoise(np.array([[0.01], [0.5]]), np.zeros(2), np.zeros((2, 2)))
+    >>> out = verify_with_noise("block", target, draft, 1.0, children, noise)
+    >>> out.index
+    array([ 0, -1])
+    >>> out.states
+    array([[-3. ,  0.5],
+           [ 0.5,  0. ]])
+    """
     resolved = get_scheme(scheme)
     kids = check_array(children, "children", 3)
     batch, k, dim = kids.shape
     check_num_drafts(resolved, k)
-    target = _means(target_mean, "target_mean", (batch, dim))
-    draft = _means(draft_mean, "draft_mean", (batch, dim))
+    target = _means(target_mean, "target_mean", batch, dim)
+    draft = _means(draft_mean, "draft_mean", batch, dim)
     frame = Frame.of(target, draft, check_std(std, (batch,)))
     s, zperp = frame.project(kids)
-    outcome = resolved.verify_node(frame, s, zperp, noise)
+    outcome = resolved.verify_node(frame, s, zperp, _check_noise(noise, batch, k, dim))
     states = frame.reconstruct(outcome.s, outcome.zperp).astype(kids.dtype)
     accepted = np.flatnonzero(outcome.child >= 0)
     states[accepted] = kids[accepted, outcome.child[accepted]]
     return Verified(states, outcome.child)
 
 
-def _chain_with_noise(
-    scheme: ChainScheme,
+def verify_chain_with_noise(
+    scheme: Any,
     target_means: Any,
     draft_means: Any,
     std: Any,
     children: Any,
-    noise: ChainNoise,
+    noise: NodeNoise,
 ) -> BlockVerified:
-    """Chain verification with explicit :class:`ChainNoise`."""
+    r"""Chain verification (:func:`verify_block`, :func:`verify_chain`) with explicit noise.
+
+    Parameters
+    ----------
+    scheme : str or ChainScheme
+        ``"block"`` (as :func:`verify_block`), ``"reflection"`` (as :func:`verify_chain`), or a
+        chain scheme object.
+    target_means : array_like, shape (B, L + 1, dim)
+        Target means at the parents :math:`y_0, \tilde Y_1, \dots, \tilde Y_L`.
+    draft_means : array_like, shape (B, L, dim)
+        Draft means at :math:`y_0, \dots, \tilde Y_{L-1}`.
+    std : float or array_like, shape (B, L + 1)
+        :math:`\sigma` of the step leaving each parent.
+    children : array_like, shape (B, L, dim)
+        The drafted chain :math:`\tilde Y_1, \dots, \tilde Y_L`.
+    noise : NodeNoise
+        ``accept`` (B, L) uniforms (one per level), ``residual`` (B,) uniforms, ``gaussian``
+        (B, dim) standard normals (the target sample after a fully accepted chain, or the
+        residual's fresh orthogonal noise).
+
+    Returns
+    -------
+    BlockVerified
+        ``num_committed`` (B,) and ``states`` (B, dim), the extra state, in the children's dtype.
+
+    Examples
+    --------
+    Where the draft kernels equal the target kernels every level is accepted, and the extra
+    state is the target sample ``target_means[:, L] + std * gaussian``.
+
+    >>> import numpy as np
+    >>> chain = np.array([[[0.5, 0.0], [1.0, 1.0]]])
+    >>> parents = np.concatenate([np.zeros((1, 1, 2)), chain], axis=1)
+    >>> noise = NodeNoise(np.full((1, 2), 0.9), np.zeros(1), np.array([[1.0, -1.0]]))
+    >>> out = verify_chain_with_noise("block", parents, parents[:, :2], 1.0, chain, noise)
+    >>> out.num_committed, out.states
+    (array([2]), array([[2., 0.]]))
+    """
+    resolved = get_scheme(scheme)
+    if not isinstance(resolved, ChainScheme):
+        raise TypeError(
+            f"scheme: {resolved.name!r} verifies single nodes, not chains "
+            "(use 'block' or 'reflection')"
+        )
     kids = check_array(children, "children", 3)
     batch, length, dim = kids.shape
     target = check_array(target_means, "target_means", 3)
@@ -287,31 +374,39 @@ def _chain_with_noise(
     frames = Frame.of(target[:, :length], draft, sigma[:, :length])
     s, zperp = frames.project(kids)
     levels = ChainLevels(frames, s, zperp, target[:, length].astype(np.float64), sigma[:, length])
-    outcome = scheme.verify_chain(levels, noise)
+    outcome = resolved.verify_chain(levels, _check_noise(noise, batch, length, dim))
     return BlockVerified(outcome.num_committed, outcome.state.astype(kids.dtype))
 
 
-def _chain_noise(rng: Any, children: Any) -> ChainNoise:
+def _chain_noise(rng: Any, children: Any) -> NodeNoise:
     shape = check_array(children, "children", 3).shape
-    return ChainNoise.draw(check_rng(rng), *shape)
+    return NodeNoise.draw(check_rng(rng), *shape)
 
 
-def _means(value: Any, name: str, shape: tuple[int, int]) -> npt.NDArray[Any]:
-    """Means of shape ``(B, dim)``; a ``(dim,)`` vector is shared by every row."""
+def _check_noise(noise: Any, batch: int, width: int, dim: int) -> NodeNoise:
+    """``noise`` is a :class:`NodeNoise` of ``batch`` rows, ``width`` accept uniforms each."""
+    if not isinstance(noise, NodeNoise):
+        raise TypeError(f"noise: expected a NodeNoise, got {type(noise).__name__}")
+    for name, shape in (
+        ("accept", (batch, width)),
+        ("residual", (batch,)),
+        ("gaussian", (batch, dim)),
+    ):
+        if np.shape(getattr(noise, name)) != shape:
+            raise ValueError(
+                f"noise.{name}: expected shape {shape}, got {np.shape(getattr(noise, name))}"
+            )
+    return noise
+
+
+def _means(value: Any, name: str, rows: int, dim: int | None = None) -> npt.NDArray[Any]:
+    """Means of shape ``(rows, dim)``; a ``(dim,)`` vector is shared by every row.
+
+    ``dim=None`` takes the width of ``value``.
+    """
     arr = np.asarray(value)
     arr = check_array(arr, name, arr.ndim if arr.ndim in (1, 2) else 2)
-    if arr.ndim == 1:
-        arr = np.broadcast_to(arr, (shape[0], arr.shape[0]))
-    check_shape(arr, name, shape)
-    return arr
-
-
-def _rows(value: Any, name: str, size: int) -> npt.NDArray[Any]:
-    """Means of shape ``(dim,)`` or ``(size, dim)``, returned as ``(size, dim)``."""
-    arr = np.asarray(value)
-    arr = check_array(arr, name, arr.ndim if arr.ndim in (1, 2) else 2)
-    if arr.ndim == 1:
-        return np.broadcast_to(arr, (size, arr.shape[0]))
-    if arr.shape[0] != size:
-        raise ValueError(f"{name}: expected shape (dim,) or ({size}, dim), got {arr.shape}")
-    return arr
+    width = arr.shape[-1] if dim is None else dim
+    if arr.shape not in ((width,), (rows, width)):
+        raise ValueError(f"{name}: expected shape ({width},) or ({rows}, {width}), got {arr.shape}")
+    return arr if arr.ndim == 2 else np.broadcast_to(arr, (rows, width))

@@ -6,8 +6,9 @@ A *node* is one denoising step from a verified parent: the target kernel
 returns either one of the children (accepted) or a state of its own, so that the output is an
 exact draw from :math:`P`. A *chain* scheme verifies a drafted chain of ``L`` such steps at once.
 
-The reference implementations consume noise arrays (:class:`NodeNoise`, :class:`ChainNoise`);
-the public samplers draw them from a :class:`numpy.random.Generator`.
+The reference implementations consume noise arrays (:class:`NodeNoise`, for a node or a chain;
+:data:`ChainNoise` is the same tuple); the public samplers draw them from a
+:class:`numpy.random.Generator`.
 """
 
 from __future__ import annotations
@@ -56,16 +57,22 @@ class BlockVerified(NamedTuple):
 
 
 class NodeNoise(NamedTuple):
-    """All randomness of one node verification, as data.
+    """All randomness of one node or one chain verification, as data.
+
+    A node with ``K`` children and a chain with ``L`` levels use the same three arrays: one
+    accept uniform per child (node) or per level (chain), one residual uniform and one Gaussian
+    vector per row.
 
     Attributes
     ----------
-    accept : ndarray, shape (B, K)
-        Uniforms in [0, 1), one per child (accept tests).
+    accept : ndarray, shape (B, K) or (B, L)
+        Uniforms in [0, 1): one per child (accept tests) or per level, :math:`u_i`
+        (reflection) or :math:`\\eta_i` (block).
     residual : ndarray, shape (B,)
         Uniforms in [0, 1) for the inverse-CDF residual draw.
     gaussian : ndarray, shape (B, dim)
-        Standard normals: the fresh orthogonal noise of the residual (block).
+        Standard normals: the fresh orthogonal noise of the residual (block), or the target
+        sample after a fully accepted chain.
     """
 
     accept: Array
@@ -74,46 +81,23 @@ class NodeNoise(NamedTuple):
 
     @classmethod
     def draw(cls, rng: np.random.Generator, batch: int, num_drafts: int, dim: int) -> NodeNoise:
-        """Draw the noise of ``batch`` nodes with ``num_drafts`` children in ``dim`` dimensions.
+        """Draw the noise of ``batch`` rows with ``num_drafts`` children (or chain levels).
 
         >>> noise = NodeNoise.draw(np.random.default_rng(0), 5, 3, 2)
         >>> noise.accept.shape, noise.residual.shape, noise.gaussian.shape
         ((5, 3), (5,), (5, 2))
+        >>> ChainNoise is NodeNoise
+        True
         """
         return cls(
             rng.random((batch, num_drafts)), rng.random(batch), rng.standard_normal((batch, dim))
         )
 
 
-class ChainNoise(NamedTuple):
-    """All randomness of one chain verification, as data.
-
-    Attributes
-    ----------
-    accept : ndarray, shape (B, L)
-        Uniforms in [0, 1) per level: :math:`u_i` (reflection) or :math:`\\eta_i` (block).
-    residual : ndarray, shape (B,)
-        Uniforms in [0, 1) for the residual draw.
-    gaussian : ndarray, shape (B, dim)
-        Standard normals: the target sample after a fully accepted chain, or the fresh
-        orthogonal noise of the residual.
-    """
-
-    accept: Array
-    residual: Array
-    gaussian: Array
-
-    @classmethod
-    def draw(cls, rng: np.random.Generator, batch: int, length: int, dim: int) -> ChainNoise:
-        """Draw the noise of ``batch`` chains of ``length`` levels in ``dim`` dimensions.
-
-        >>> noise = ChainNoise.draw(np.random.default_rng(0), 5, 3, 2)
-        >>> noise.accept.shape, noise.residual.shape, noise.gaussian.shape
-        ((5, 3), (5,), (5, 2))
-        """
-        return cls(
-            rng.random((batch, length)), rng.random(batch), rng.standard_normal((batch, dim))
-        )
+#: The noise of a chain verification: the same tuple as :class:`NodeNoise`, with ``accept`` of
+#: shape ``(B, L)`` (one uniform per level). Kept as a name because ``specsampling.continuous``
+#: exports it.
+ChainNoise = NodeNoise
 
 
 class NodeOutcome(NamedTuple):
@@ -181,6 +165,6 @@ class ContinuousScheme(Protocol):
 class ChainScheme(ContinuousScheme, Protocol):
     """A scheme that also verifies a drafted chain of kernels in one round."""
 
-    def verify_chain(self, levels: ChainLevels, noise: ChainNoise) -> ChainOutcome:
+    def verify_chain(self, levels: ChainLevels, noise: NodeNoise) -> ChainOutcome:
         """Verify a batch of drafted chains with explicit noise."""
         ...

@@ -39,9 +39,9 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from .base import Array, ChainLevels, ChainNoise, ChainOutcome, NodeNoise, NodeOutcome
+from .base import Array, ChainLevels, ChainOutcome, NodeNoise, NodeOutcome
 from .frame import Frame, maximal_coupling_acceptance
-from .residual import _log_mass, _sample
+from .residual import residual_log_mass, sample_residual_log_lam
 
 
 class Block:
@@ -76,13 +76,13 @@ class Block:
         weight = np.exp(np.minimum(frame.log_ratio(s[:, 0]), 0.0))
         accept = frame.degenerate | self.selects(noise.accept[:, 0], weight)
         out = np.zeros(s.shape[0])
-        out[~accept] = _sample(
+        out[~accept] = sample_residual_log_lam(
             frame.delta[~accept], np.zeros(int(np.sum(~accept))), noise.residual[~accept]
         )
         index = np.where(accept, 0, -1).astype(np.intp)
         return NodeOutcome(index, out, self.residual_zperp(frame, noise.gaussian, zperp[:, 0]))
 
-    def verify_chain(self, levels: ChainLevels, noise: ChainNoise) -> ChainOutcome:
+    def verify_chain(self, levels: ChainLevels, noise: NodeNoise) -> ChainOutcome:
         r"""Block verification of ``(B, L)`` levels: :math:`\tau^*` and the extra state."""
         batch, length = levels.s.shape
         frames = levels.frames
@@ -92,7 +92,7 @@ class Block:
             log_w[:, i] = np.minimum(0.0, log_w[:, i - 1] + log_ratio[:, i - 1])
         h = np.empty((batch, length))
         for i in range(1, length):
-            mass = np.exp(log_w[:, i] + _log_mass(frames.delta[:, i], -log_w[:, i]))
+            mass = np.exp(log_w[:, i] + residual_log_mass(frames.delta[:, i], -log_w[:, i]))
             denominator = mass - np.expm1(log_w[:, i])
             positive = denominator > 0
             h[:, i - 1] = np.where(positive, mass / np.where(positive, denominator, 1.0), 1.0)
@@ -105,7 +105,7 @@ class Block:
         if rows.size:
             level = committed[rows]
             frame = frames.select(level, rows)
-            s = _sample(frame.delta, -log_w[rows, level], noise.residual[rows])
+            s = sample_residual_log_lam(frame.delta, -log_w[rows, level], noise.residual[rows])
             zperp = self.residual_zperp(frame, noise.gaussian[rows], levels.zperp[rows, level])
             state[rows] = frame.reconstruct(s, zperp)
         return ChainOutcome(committed, state)

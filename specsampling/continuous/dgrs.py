@@ -42,7 +42,7 @@ import numpy.typing as npt
 
 from .base import Array, NodeNoise, NodeOutcome
 from .frame import DEGENERATE_DELTA, Frame
-from .residual import _log_mass, _sample
+from .residual import residual_log_mass, sample_residual_log_lam
 
 #: Cap on the log likelihood ratio before exponentiating (Algorithm 2).
 LOG_RATIO_CAP = 700.0
@@ -136,7 +136,7 @@ class DGRS:
             if k > 1:
                 excess = excess + mass[regular, k - 1]
                 lam[regular, k] = 1.0 + excess
-            g = np.exp(_log_mass(d, np.log1p(excess)))
+            g = np.exp(residual_log_mass(d, np.log1p(excess)))
             mass[regular, k] = np.clip(g, 0.0, mass[regular, k - 1])
         log_lam[regular] = np.log1p(excess)
         return Recursion(degenerate, lam, log_lam, mass)
@@ -177,7 +177,7 @@ class DGRS:
         index = np.where(rec.degenerate, 0, np.where(accepted.any(axis=1), chosen, -1))
         out = np.zeros(s.shape[0])
         rejected = index < 0
-        out[rejected] = _sample(
+        out[rejected] = sample_residual_log_lam(
             frame.delta[rejected], rec.log_lam[rejected], noise.residual[rejected]
         )
         return NodeOutcome(index.astype(np.intp), out, self.residual_zperp(zperp))

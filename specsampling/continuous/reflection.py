@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from .base import Array, ChainLevels, ChainNoise, ChainOutcome, NodeNoise, NodeOutcome
+from .base import Array, ChainLevels, ChainOutcome, NodeNoise, NodeOutcome
 from .frame import Frame, maximal_coupling_acceptance
 
 
@@ -64,7 +64,7 @@ class Reflection:
         index = np.where(accept, 0, -1).astype(np.intp)
         return NodeOutcome(index, frame.delta - first, zperp[:, 0])
 
-    def verify_chain(self, levels: ChainLevels, noise: ChainNoise) -> ChainOutcome:
+    def verify_chain(self, levels: ChainLevels, noise: NodeNoise) -> ChainOutcome:
         """Verify levels in order; stop at the first reflection, else add a target sample."""
         batch, length = levels.s.shape
         committed = np.zeros(batch, dtype=np.intp)

@@ -93,7 +93,7 @@ def residual_mass(delta: Any, lam: Any) -> Array:
     (0.3829249225480262, 0.3829249225480262)
     """
     delta, log_lam = _prepare(delta, lam)
-    return np.exp(_log_mass(delta, log_lam))
+    return np.exp(residual_log_mass(delta, log_lam))
 
 
 def residual_cdf(s: Any, delta: Any, lam: Any) -> Array:
@@ -161,12 +161,79 @@ def sample_residual(delta: Any, lam: Any, u: Any) -> Array:
     (True, 1.81, 1.81)
     """
     delta, log_lam = _prepare(delta, lam)
-    u = np.asarray(u, dtype=np.float64)
-    delta, log_lam, u = np.broadcast_arrays(delta, log_lam, u)
+    return sample_residual_log_lam(delta, log_lam, u)
+
+
+# --- log-lambda forms, unchecked: what the schemes call -------------------------------------
+
+
+def residual_log_mass(delta: Any, log_lam: Any) -> Array:
+    r"""Log mass :math:`\log G(\lambda)` of the residual, given :math:`\log\lambda`.
+
+    The form the schemes use: they track :math:`\log\lambda` (block's
+    :math:`\lambda = 1/w` can exceed the float range). The arguments are not validated
+    (:func:`residual_mass` is the checked form).
+
+    Parameters
+    ----------
+    delta : array_like
+        Mismatch :math:`\delta \ge 0`.
+    log_lam : array_like
+        :math:`\log\lambda \ge 0`, broadcast against ``delta``.
+
+    Returns
+    -------
+    ndarray
+        :math:`\log G`; :math:`-\infty` for a zero mass or a degenerate :math:`\delta`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> float(np.exp(residual_log_mass(1.0, 0.0))) == float(residual_mass(1.0, 1.0))
+    True
+    >>> round(float(residual_log_mass(2.0, 800.0)), 2), float(residual_log_mass(0.0, 0.0))
+    (-79612.71, -inf)
+    """
+    return _log_mass(np.asarray(delta, dtype=np.float64), np.asarray(log_lam, dtype=np.float64))
+
+
+def sample_residual_log_lam(delta: Any, log_lam: Any, u: Any) -> Array:
+    r"""Inverse-CDF draw from the normalised residual, given :math:`\log\lambda`.
+
+    :func:`sample_residual` with :math:`\log\lambda` in place of :math:`\lambda`, and without
+    validation; the form the schemes use.
+
+    Parameters
+    ----------
+    delta : array_like
+        Mismatch :math:`\delta \ge 0`.
+    log_lam : array_like
+        :math:`\log\lambda \ge 0`.
+    u : array_like
+        Uniforms in :math:`[0, 1)`; all three are broadcast together.
+
+    Returns
+    -------
+    ndarray
+        Draws :math:`s \ge t`; the threshold point where the mass is exactly 0.
+
+    Examples
+    --------
+    >>> float(sample_residual_log_lam(1.0, 0.0, 0.0))  # lambda = 1, u = 0: the threshold
+    0.5
+    >>> s = sample_residual_log_lam(2.0, 800.0, [0.0, 0.5])  # lambda = e^800 overflows a float
+    >>> float(residual_threshold(2.0, 1.0)) + 400.0, [round(float(v), 4) for v in s]
+    (401.0, [401.0, 401.0042])
+    """
+    delta, log_lam, u = np.broadcast_arrays(
+        np.asarray(delta, dtype=np.float64),
+        np.asarray(log_lam, dtype=np.float64),
+        np.asarray(u, dtype=np.float64),
+    )
     return _sample(delta, log_lam, u)
 
 
-# --- log-space internals (also used by the schemes, which track log lambda) ------------------
+# --- log-space internals ----------------------------------------------------------------------
 
 
 def _prepare(delta: Any, lam: Any) -> tuple[Array, Array]:
