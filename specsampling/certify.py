@@ -19,7 +19,7 @@ context-keyed noise; active-set ``gls`` gives identical verdicts for identical d
 under perturbed draft probabilities.
 
 Vocabulary sizes are chosen per shape so that the enumeration stays small
-(:data:`TREE_BUDGET`); the whole run takes seconds.
+(:data:`TREE_BUDGET`); the whole run takes about half a minute.
 """
 
 from __future__ import annotations
@@ -104,14 +104,15 @@ STATIONARY: tuple[tuple[str, tuple[Fraction, ...], tuple[Fraction, ...]], ...] =
 
 
 def vocab_for(shape: Shape, budget: int = TREE_BUDGET) -> int:
-    """Largest vocabulary in 2..6 whose tree and sequence enumeration stays within ``budget``.
+    """Largest vocabulary in 2..6 whose tree enumeration (:meth:`Shape.count_trees`) and
+    sequence enumeration (``vocab ** (depth + 1)``) both stay within ``budget``.
 
     >>> vocab_for(Shape.chain(1)), vocab_for(Shape.star(4)), vocab_for(Shape.branching((2, 2)))
     (6, 5, 3)
     """
-    draws = 0 if shape.law == "deterministic" else len(shape.steps)
-    exponent = max(draws, shape.depth + 1)
-    fitting = [v for v in range(2, 7) if v**exponent <= budget]
+    fitting = [
+        v for v in range(2, 7) if max(shape.count_trees(v), v ** (shape.depth + 1)) <= budget
+    ]
     return max(fitting, default=2)
 
 

@@ -37,6 +37,9 @@ MAX_ENUMERATION = 200_000
 #: Default largest number of draftable trees (keyed couplings: target paths) one round law may
 #: enumerate; every entry point takes ``max_trees=`` to change it.
 MAX_TREES = 2_000_000
+#: Largest number of probability-table entries (trees x nodes x vocabulary) one round law may
+#: read: a round over a large vocabulary is refused even when it has few trees.
+MAX_TABLE_ENTRIES = 10**9
 #: Rounds estimated above this many trees print their progress on standard error.
 PROGRESS_ABOVE = 20_000
 _MONTE_CARLO = (
@@ -48,10 +51,11 @@ _MONTE_CARLO = (
 def check_work(
     scheme: SchemeLike, pair: ModelPair, shape: Shape, max_trees: int = MAX_TREES
 ) -> int:
-    """Upper bound on the trees one round law enumerates; refuse beyond ``max_trees``.
+    """Upper bound on the trees one round law enumerates; refuse beyond ``max_trees`` trees or
+    ``MAX_TABLE_ENTRIES`` probability-table entries read.
 
-    Tree verifiers enumerate :meth:`Shape.count_trees` trees over the vocabulary; keyed
-    couplings walk the target's paths, ``vocab_size ** depth`` of them.
+    Tree verifiers enumerate :meth:`Shape.count_trees` trees over the vocabulary, each with a
+    table row per node; keyed couplings walk the target's paths, ``vocab_size ** depth`` of them.
 
     >>> import specsampling as ss
     >>> check_work("specinfer", ss.pairs.Random(3, seed=0), ss.Shape.paths(2, 2))
@@ -71,13 +75,21 @@ instead: specsampling.simulators.estimate_emitted(scheme, pair, shape, num_round
     resolved.check(shape)
     vocab = pair.vocab_size
     if isinstance(resolved, KeyedCoupling):
-        count, what = vocab**shape.depth, "target paths"
+        count, what, rows = vocab**shape.depth, "target paths", shape.depth + 1
     else:
-        count, what = shape.count_trees(vocab), "draft trees"
+        count, what, rows = shape.count_trees(vocab), "draft trees", len(shape.steps) + 1
+    where = f"round law of {resolved.name!r} on {shape!r} over {vocab} tokens"
     if count > limit:
         raise ValueError(
-            f"round law of {resolved.name!r} on {shape!r} over {vocab} tokens would enumerate "
-            f"about {float(count):.2g} {what}, more than max_trees={limit}; {_MONTE_CARLO}"
+            f"{where} would enumerate about {_about(count)} {what}, more than "
+            f"max_trees={limit}; {_MONTE_CARLO}"
+        )
+    entries = count * rows * vocab
+    if entries > MAX_TABLE_ENTRIES:
+        raise ValueError(
+            f"{where} would read about {_about(entries)} probability-table entries "
+            f"({count} {what}), more than MAX_TABLE_ENTRIES={MAX_TABLE_ENTRIES:.0e}; "
+            f"{_MONTE_CARLO}"
         )
     return int(count)
 
@@ -314,12 +326,18 @@ def _single_shape(scheme: Scheme, pair: Stationary, num_drafts: int) -> Shape:
     if count > MAX_ENUMERATION:
         raise ValueError(
             f"scheme {scheme.name!r} has no closed form for num_drafts={num_drafts}, and exact "
-            f"enumeration would draft about {float(count):.2g} candidate tuples over the "
+            f"enumeration would draft about {_about(count)} candidate tuples over the "
             f"{size} draft tokens of positive probability, more than {MAX_ENUMERATION}; "
             f"{_MONTE_CARLO} with pair=Stationary(target, draft), shape={shape!r}: acceptance "
             "is its mean minus 1"
         )
     return shape
+
+
+def _about(count: int) -> str:
+    """An integer count for a message, in scientific notation (no float overflow)."""
+    digits = len(str(count))
+    return f"{float(count):.2g}" if digits < 300 else f"1e+{digits - 1}"
 
 
 class _Progress:
@@ -343,7 +361,7 @@ class _Progress:
             )
 
     def done(self) -> None:
-        if self.active and self.last > self.start:
+        if self.active:
             elapsed = time.monotonic() - self.start
             print(f"\r{self.label}: {self.count} trees in {elapsed:.1f} s", file=sys.stderr)
 

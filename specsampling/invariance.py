@@ -16,7 +16,6 @@ violations (empty when the property holds).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
@@ -25,6 +24,7 @@ from .keyed import KeyedNoise
 from .keyed.laws import decode
 from .pairs import ModelPair, Random, Swapped
 from .sampling import generate
+from .schemes import KeyedCoupling
 from .shapes import Shape
 
 
@@ -59,7 +59,7 @@ def drafters(base: ModelPair, seed: int = 99) -> dict[str, ModelPair]:
 
 
 def strong_violations(
-    scheme: Any,
+    scheme: KeyedCoupling,
     base: ModelPair,
     shape: Shape,
     *,
@@ -93,7 +93,7 @@ def strong_violations(
 
 
 def conditional_violations(
-    scheme: Any,
+    scheme: KeyedCoupling,
     base: ModelPair,
     shape: Shape,
     *,

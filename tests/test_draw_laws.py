@@ -191,3 +191,53 @@ def test_many_steps_do_not_hit_the_recursion_limit():
     """A star of 988 candidates without replacement over three tokens is three draws deep."""
     pair = Stationary([F(1, 2), F(1, 3), F(1, 6)], [F(1, 3)] * 3)
     assert ss.acceptance("rsd", *(pair.target(()), pair.draft(())), 988) == 1
+
+
+# --------------------------------------------------------------------------- entry points
+def test_entry_points_name_a_wrong_pair_or_shape():
+    pair = Stationary([0.5, 0.5], [0.25, 0.75])
+    target, draft = pair.target(()), pair.draft(())
+    with pytest.raises(TypeError, match="Stationary"):
+        ss.round_law("nss", (target, draft), ss.Shape.chain(1))
+    with pytest.raises(TypeError, match=r"shape: expected a specsampling.Shape"):
+        ss.expected_emitted("nss", pair, "chain(2)")
+    with pytest.raises(TypeError, match=r"shape: expected a specsampling.Shape"):
+        ss.speculate("nss", pair, "chain(2)", np.random.default_rng(0))
+
+
+def test_exact_engine_refuses_unaffordable_rounds_at_once():
+    big = Random(100_000, seed=0)
+    with pytest.raises(ValueError, match=r"probability-table entries.*estimate_emitted"):
+        ss.expected_emitted("standard", big, ss.Shape.chain(1))
+    with pytest.raises(ValueError, match=r"max_trees=2000000; estimate it by Monte Carlo"):
+        ss.round_law("specinfer", Random(50, seed=0), ss.Shape.paths(3, 3))
+    with pytest.raises(ValueError, match="max_trees=10"):
+        ss.lossless_error("nss", Random(4, seed=0), ss.Shape.star(2), max_trees=10)
+    # A scheme's refusal of the shape comes first: it is the more useful answer.
+    with pytest.raises(ss.UnsupportedShape):
+        ss.round_law("rsd", big, ss.Shape.star(8))
+
+
+def test_long_enumerations_report_progress(monkeypatch, capsys):
+    monkeypatch.setattr(ss.exact, "PROGRESS_ABOVE", 0)
+    ss.round_law("nss", Random(3, seed=0), ss.Shape.star(2))
+    err = capsys.readouterr().err
+    assert re.search(r"round law of 'nss' on star\(2, replacement=True\): \d+ trees in", err)
+    monkeypatch.setattr(ss.exact, "PROGRESS_ABOVE", 10**6)
+    ss.round_law("nss", Random(3, seed=0), ss.Shape.star(2))
+    assert capsys.readouterr().err == ""
+
+
+def test_single_position_acceptance_at_a_real_vocabulary():
+    """Closed forms at V = 150,000, or an immediate refusal naming the Monte-Carlo route."""
+    rng = np.random.default_rng(0)
+    target, draft = rng.dirichlet(np.ones(150_000)), rng.dirichlet(np.ones(150_000))
+    overlap = float(np.minimum(target, draft).sum())
+    for name in ("standard", "block", "traversal", "rsd", "gumbel", "poisson", "resispec"):
+        assert ss.acceptance(name, target, draft, 1) == pytest.approx(
+            overlap if name not in ("gumbel", "poisson") else ss.acceptance("gls", target, draft, 1)
+        )
+    with pytest.raises(ValueError, match=r"no closed form for num_drafts=8.*estimate_emitted"):
+        ss.acceptance("rsd", target, draft, 8)
+    with pytest.raises(ValueError, match=r"POISSON_MAX_PAIRS.*estimate_emitted"):
+        ss.acceptance("poisson", target, draft, 2)

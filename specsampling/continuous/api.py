@@ -33,16 +33,16 @@ from .base import Array, BlockVerified, ChainLevels, ChainScheme, NodeNoise, Ver
 from .block import SCHEME as BLOCK
 from .frame import Frame
 from .reflection import SCHEME as REFLECTION
-from .registry import get_scheme
+from .registry import ContinuousSchemeLike, get_scheme
 
 
 @overload
-def acceptance(scheme: Any, delta: float, num_drafts: int = 1) -> float: ...
+def acceptance(scheme: ContinuousSchemeLike, delta: float, num_drafts: int = 1) -> float: ...
 @overload
 def acceptance(
-    scheme: Any, delta: npt.NDArray[Any] | Sequence[Any], num_drafts: int = 1
+    scheme: ContinuousSchemeLike, delta: npt.NDArray[Any] | Sequence[Any], num_drafts: int = 1
 ) -> Array: ...
-def acceptance(scheme: Any, delta: Any, num_drafts: int = 1) -> float | Array:
+def acceptance(scheme: ContinuousSchemeLike, delta: Any, num_drafts: int = 1) -> float | Array:
     r"""Exact probability that a node outputs one of its drafts.
 
     .. math::
@@ -80,7 +80,7 @@ def acceptance(scheme: Any, delta: Any, num_drafts: int = 1) -> float | Array:
 
 
 def sample(
-    scheme: Any,
+    scheme: ContinuousSchemeLike,
     target_mean: Any,
     draft_mean: Any,
     std: Any,
@@ -135,7 +135,7 @@ def sample(
 
 
 def verify(
-    scheme: Any,
+    scheme: ContinuousSchemeLike,
     target_mean: Any,
     draft_mean: Any,
     std: Any,
@@ -253,7 +253,12 @@ def verify_chain(
 
 
 def verify_with_noise(
-    scheme: Any, target_mean: Any, draft_mean: Any, std: Any, children: Any, noise: NodeNoise
+    scheme: ContinuousSchemeLike,
+    target_mean: Any,
+    draft_mean: Any,
+    std: Any,
+    children: Any,
+    noise: NodeNoise,
 ) -> Verified:
     r""":func:`verify` with all of its randomness passed in as a :class:`NodeNoise`.
 
@@ -313,7 +318,7 @@ def verify_with_noise(
 
 
 def verify_chain_with_noise(
-    scheme: Any,
+    scheme: ContinuousSchemeLike,
     target_means: Any,
     draft_means: Any,
     std: Any,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypeAlias
 
 from .._registry import Registry
 from . import block, dgrs, reflection
@@ -12,12 +12,15 @@ from .base import ContinuousScheme
 #:
 #: >>> sorted(SCHEMES)
 #: ['block', 'dgrs', 'reflection']
+#: A registered continuous scheme name or a scheme object.
+ContinuousSchemeLike: TypeAlias = "str | ContinuousScheme"
+
 SCHEMES: Registry[ContinuousScheme] = Registry("continuous scheme")
 for _scheme in (reflection.SCHEME, dgrs.SCHEME, block.SCHEME):
     SCHEMES.register(_scheme)
 
 
-def get_scheme(scheme: Any) -> ContinuousScheme:
+def get_scheme(scheme: ContinuousSchemeLike) -> ContinuousScheme:
     """Resolve a registered name, or pass a scheme object through.
 
     Raises

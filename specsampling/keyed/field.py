@@ -35,6 +35,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ..validation import check_positive_int
+
 U64: type[np.uint64] = np.uint64
 Words = npt.NDArray[np.uint64]
 
@@ -162,8 +164,7 @@ def context_hashes(tokens: Any, window: int) -> Words:
 
     Vectorised over positions: ``window`` absorb steps of ``len(tokens) + 1`` words each.
     """
-    if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
-        raise ValueError(f"window: expected an integer >= 1, got {window!r}")
+    check_positive_int(window, "window")
     seq = _words(np.asarray(tokens, dtype=np.int64).ravel(), "tokens")
     n = seq.shape[0]
     state = np.full(n + 1, _mix(np.array(window ^ _CONTEXT_SALT, dtype=np.uint64)))
@@ -223,16 +224,9 @@ class KeyedNoise:
 
     def __post_init__(self) -> None:
         _words(self.key, "key")
-        if self.window is not None and (
-            isinstance(self.window, bool)
-            or not isinstance(self.window, (int, np.integer))
-            or self.window < 1
-        ):
-            raise ValueError(f"window: expected None or an integer >= 1, got {self.window!r}")
-        if isinstance(self.start, bool) or not isinstance(self.start, (int, np.integer)):
-            raise ValueError(f"start: expected an integer >= 0, got {self.start!r}")
-        if self.start < 0:
-            raise ValueError(f"start: expected an integer >= 0, got {self.start!r}")
+        if self.window is not None:
+            check_positive_int(self.window, "window")
+        check_positive_int(self.start, "start", minimum=0)
 
     def context(self, sequence: Any) -> int:
         """The context word of the position right after ``sequence`` (prompt included)."""

@@ -60,6 +60,17 @@ def _scores(probs: Floats, exps: Any) -> Floats:
     return scores
 
 
+def race_winner(proposal: Floats, exps: Any) -> Any:
+    """The exponential race ``argmin_{proposal_z > 0} E_z / proposal_z`` in the log domain (ties:
+    lowest index): an exact draw from ``proposal``. The one race of the keyed family, used by the
+    drafter's and the target's selections alike; ``proposal`` is a validated float distribution.
+
+    >>> int(race_winner(np.array([0.5, 0.5, 0.0]), [0.3, 0.2, 0.0]))
+    1
+    """
+    return np.argmin(_scores(proposal, exps), axis=-1)
+
+
 def gumbel_target(target_probs: Any, exps: Any) -> Any:
     """The target's keyed selection ``argmin_{p_z > 0} E_z / p_z`` (ties: lowest index).
 
@@ -76,8 +87,7 @@ def gumbel_target(target_probs: Any, exps: Any) -> Any:
     >>> gumbel_target([0.0, 0.5, 0.5], [0.0, 0.2, 0.1])
     2
     """
-    probs = as_floats(target_probs, "target")
-    out = np.argmin(_scores(probs, exps), axis=-1)
+    out = race_winner(as_floats(target_probs, "target"), exps)
     return int(out) if out.ndim == 0 else out
 
 
@@ -87,8 +97,7 @@ def gumbel_draft(draft_probs: Any, exps: Any) -> Any:
     >>> gumbel_draft([0.5, 0.5, 0.0], [0.3, 0.2, 0.0])
     1
     """
-    probs = as_floats(draft_probs, "draft")
-    out = np.argmin(_scores(probs, exps), axis=-1)
+    out = race_winner(as_floats(draft_probs, "draft"), exps)
     return int(out) if out.ndim == 0 else out
 
 
@@ -400,5 +409,6 @@ __all__ = [
     "poisson_acceptance_bound",
     "poisson_hits",
     "poisson_list",
+    "race_winner",
     "ratio_profile",
 ]

@@ -28,6 +28,7 @@ import numpy as np
 
 from .._types import Prefix, Probs
 from ..keyed import KeyedNoise
+from ..keyed.laws import race_winner
 from ..ops import support
 from ..pairs import ModelPair
 from ..shapes import Shape
@@ -109,14 +110,14 @@ class KeyedScheme(SchemeDefaults):
 
 
 def race_pick(noise: KeyedNoise, prefix: Prefix, vocab_size: int, rows_of_step: Any) -> Any:
-    """A :meth:`Shape.draft_with` chooser: the race winner ``argmin E[row] / proposal``."""
+    """A :meth:`Shape.draft_with` chooser: the race winner ``argmin E[row] / proposal``
+    (:func:`~specsampling.keyed.laws.race_winner`, the race the tested selections use)."""
 
     def pick(proposal: Probs, path: Prefix, step: int) -> int:
+        # Rows 0..row through the one method a keyed field (or a test double) provides.
         row = rows_of_step(step)
         exps = noise.exponentials(tuple(prefix) + path, row + 1, vocab_size)[row]
-        with np.errstate(divide="ignore"):
-            scores = np.where(proposal > 0, exps / np.where(proposal > 0, proposal, 1), np.inf)
-        return int(np.argmin(scores))
+        return int(race_winner(np.asarray(proposal, dtype=np.float64), exps))
 
     return pick
 

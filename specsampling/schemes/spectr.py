@@ -236,6 +236,9 @@ def _residual(target: Probs, draft: Probs, rho: Scalar, num_drafts: int) -> Prob
     capped = np.minimum(target / rho, draft)
     overlap = total(capped) > 0
     gamma = _gamma(_rejection(target, draft, rho), num_drafts) if overlap else 0
+    # The clip at 0 changes nothing on the feasible side (gamma(rho) <= rho): there
+    # gamma * min(p / rho, q) <= p everywhere, so the weights are already non-negative (a mutant
+    # without the clip is equivalent there); it guards rounding at the bisection's bracket.
     weights = positive_part(target - gamma * capped)
     if not total(weights) > 0:
         return target
