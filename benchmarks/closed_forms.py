@@ -20,7 +20,6 @@ the absolute times.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import os
 import platform
@@ -32,6 +31,7 @@ from typing import Any
 
 import numpy as np
 from common import best_of, model_pair, report, table
+from common import parser as common_parser
 
 import specsampling as ss
 from specsampling import calculators
@@ -217,13 +217,11 @@ def tiny(repeats: int, enum_repeats: int) -> list[list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = common_parser(__doc__)
     parser.add_argument("--vocab", type=int, default=150_000, help="large vocabulary size")
     parser.add_argument("--num-drafts", type=int, default=8, help="k for nss and specinfer")
     parser.add_argument("--repeats", type=int, default=20, help="repeats of each closed form")
     parser.add_argument("--loop-repeats", type=int, default=3, help="repeats of the Python loops")
-    parser.add_argument("--output", type=Path, default=None, help="result file (markdown)")
-    parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args(argv)
 
     today = datetime.date.today().isoformat()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from collections.abc import Callable
@@ -47,3 +48,12 @@ def report(text: str, output: Path | None, default: Path, write: bool) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text)
         print(f"wrote {target}", file=sys.stderr)
+
+
+def parser(doc: str | None) -> argparse.ArgumentParser:
+    """The benchmarks' command line: the docstring's first line, ``--output`` and ``--no-write``;
+    each script adds its own sizes."""
+    made = argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None)
+    made.add_argument("--output", type=Path, default=None, help="result file (markdown)")
+    made.add_argument("--no-write", action="store_true", help="print only")
+    return made

@@ -28,7 +28,6 @@ which draft wins where.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import os
 import platform
@@ -37,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 import scipy
+from common import parser as common_parser
 from common import report, table
 from scipy import stats
 from specsampling.simulators import diffusion as df
@@ -176,13 +176,11 @@ def gain_rows(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = common_parser(__doc__)
     parser.add_argument("--samples", type=int, default=2000, help="sample paths per config")
     parser.add_argument("--steps", type=int, default=50, help="Euler-Maruyama steps N")
     parser.add_argument("--reference", type=int, default=50_000, help="plain reference samples")
     parser.add_argument("--seed", type=int, default=2026, help="root seed")
-    parser.add_argument("--output", type=Path, default=None, help="result file (markdown)")
-    parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args(argv)
 
     today = datetime.date.today().isoformat()

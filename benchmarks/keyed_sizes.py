@@ -19,7 +19,6 @@ a load above the CPU count makes the absolute times unreliable (the ratios less 
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import os
 import platform
@@ -29,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 from common import best_of, model_pair, report, table
+from common import parser as common_parser
 
 import specsampling as ss
 from specsampling.keyed.gls_law import gls_acceptance, list_matching_bound
@@ -53,11 +53,9 @@ def former_gumbel(target: np.ndarray, draft: np.ndarray) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = common_parser(__doc__)
     parser.add_argument("--small", type=int, default=1_000, help="vocabulary for new vs former")
     parser.add_argument("--large", type=int, default=150_000, help="vocabulary for absolute times")
-    parser.add_argument("--output", type=Path)
-    parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     began = time.perf_counter()
     load_before = os.getloadavg()

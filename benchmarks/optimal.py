@@ -28,7 +28,6 @@ the accuracy, not the absolute times.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import itertools
 import os
@@ -43,9 +42,10 @@ from typing import Any
 import numpy as np
 import scipy
 from common import best_of, model_pair, report, table
+from common import parser as common_parser
 
 import specsampling as ss
-from specsampling import _race, calculators, optimal
+from specsampling import _optimal_race, calculators, optimal
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -56,7 +56,7 @@ class RaceCounter:
     def __init__(self) -> None:
         self.passes = 0
         self.prefixes = 0
-        self._original = _race.prefix_masses
+        self._original = _optimal_race.prefix_masses
 
     def __call__(self, draft: Any, num_drafts: int, lengths: Any) -> Any:
         self.passes += 1
@@ -66,11 +66,11 @@ class RaceCounter:
 
 def counted(fn: Callable[[], Any]) -> tuple[Any, int, int]:
     counter = RaceCounter()
-    _race.prefix_masses = counter  # type: ignore[assignment]
+    _optimal_race.prefix_masses = counter  # type: ignore[assignment]
     try:
         value = fn()
     finally:
-        _race.prefix_masses = counter._original
+        _optimal_race.prefix_masses = counter._original
     return value, counter.passes, counter.prefixes
 
 
@@ -80,7 +80,7 @@ def all_prefixes_without(target: np.ndarray, draft: np.ndarray, k: int) -> float
     order = order[draft[order] > 0]
     spent = np.cumsum(target[order])
     lengths = np.arange(k, order.size)
-    masses = _race.prefix_masses(draft[order], k, lengths)
+    masses = _optimal_race.prefix_masses(draft[order], k, lengths)
     return float(min(1.0, spent[-1], (spent[lengths - 1] + 1.0 - masses).min()))
 
 
@@ -209,7 +209,7 @@ def race_accuracy(cases: int) -> tuple[float, int]:
         draft /= draft.sum()
         tuples = draft_tuples([Fraction(x) for x in draft], k, replacement=False)
         lengths = np.arange(k, vocab)
-        got = _race.prefix_masses(draft, k, lengths)
+        got = _optimal_race.prefix_masses(draft, k, lengths)
         for j, value in zip(lengths, got, strict=True):
             exact = sum((p for drafts, p in tuples if max(drafts) < j), Fraction(0))
             worst = max(worst, abs(float(value) - float(exact)))
@@ -218,13 +218,11 @@ def race_accuracy(cases: int) -> tuple[float, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = common_parser(__doc__)
     parser.add_argument("--vocab", type=int, default=150_000, help="large vocabulary size")
     parser.add_argument("--repeats", type=int, default=20, help="repeats of the fast calls")
     parser.add_argument("--unpruned-k", type=int, default=4, help="k of the no-pruning check")
     parser.add_argument("--accuracy-cases", type=int, default=600, help="race accuracy cases")
-    parser.add_argument("--output", type=Path, default=None, help="result file (markdown)")
-    parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args(argv)
 
     today = datetime.date.today().isoformat()
@@ -240,8 +238,8 @@ def main(argv: list[str] | None = None) -> int:
         f"- CPU count: {os.cpu_count()}",
         f"- Python {platform.python_version()}, numpy {np.__version__}, scipy {scipy.__version__}"
         f", specsampling {ss.__version__}",
-        f"- race settings: step {_race.STEP} in log-time, start {_race.START:g}, tail tolerance "
-        f"{_race.TAIL_TOLERANCE:g}",
+        f"- race settings: step {_optimal_race.STEP} in log-time, start "
+        f"{_optimal_race.START:g}, tail tolerance {_optimal_race.TAIL_TOLERANCE:g}",
         f"- run time of the whole benchmark: {elapsed:.1f} s",
     ]
     text = "\n".join(

@@ -19,33 +19,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ._types import Prefix, Probs
+from ._types import Prefix
 from .keyed import KeyedNoise
 from .keyed.laws import decode
-from .pairs import ModelPair, Random, Swapped
+from .pairs import ModelPair, Perturbed, Random, Swapped
 from .sampling import generate
 from .schemes import KeyedCoupling
 from .shapes import Shape
-
-
-class Perturbed:
-    """``pair`` with its draft mixed with ``weight`` of the uniform law (same support
-    structure up to ``weight``): race winners move only near ties."""
-
-    def __init__(self, pair: ModelPair, weight: float = 1e-6) -> None:
-        self._pair, self._weight = pair, weight
-
-    @property
-    def vocab_size(self) -> int:
-        return self._pair.vocab_size
-
-    def target(self, prefix: Prefix) -> Probs:
-        return self._pair.target(prefix)
-
-    def draft(self, prefix: Prefix) -> Probs:
-        draft = np.asarray(self._pair.draft(prefix), dtype=np.float64)
-        mixed: Probs = (1 - self._weight) * draft + self._weight / draft.shape[0]
-        return mixed
 
 
 def drafters(base: ModelPair, seed: int = 99) -> dict[str, ModelPair]:
@@ -129,4 +109,4 @@ def conditional_violations(
     return problems, compared
 
 
-__all__ = ["Perturbed", "conditional_violations", "drafters", "strong_violations"]
+__all__ = ["conditional_violations", "drafters", "strong_violations"]

@@ -295,3 +295,33 @@ class Swapped:
 def _show(probs: Probs) -> str:
     """Readable values: ``1/3`` for exact entries, ``0.7`` for floats."""
     return "[" + ", ".join(str(x) if probs.dtype == object else f"{x:.6g}" for x in probs) + "]"
+
+
+class Perturbed:
+    """``pair`` with its draft mixed with ``weight`` of the uniform law (same support
+    structure up to ``weight``): race winners move only near ties. Certify's conditional
+    drafter-invariance check uses it.
+
+    >>> base = Random(4, seed=0)
+    >>> moved = Perturbed(base, weight=0.5).draft(())
+    >>> bool(abs(moved.sum() - 1) < 1e-12), bool(np.all(moved >= 0.125))
+    (True, True)
+    """
+
+    def __init__(self, pair: ModelPair, weight: float = 1e-6) -> None:
+        self._pair = check_model_pair(pair)
+        if not 0 <= weight <= 1:
+            raise ValueError(f"weight: expected a number in [0, 1], got {weight!r}")
+        self._weight = weight
+
+    @property
+    def vocab_size(self) -> int:
+        return self._pair.vocab_size
+
+    def target(self, prefix: Prefix) -> Probs:
+        return self._pair.target(prefix)
+
+    def draft(self, prefix: Prefix) -> Probs:
+        draft = np.asarray(self._pair.draft(prefix), dtype=np.float64)
+        mixed: Probs = (1 - self._weight) * draft + self._weight / draft.shape[0]
+        return mixed

@@ -16,12 +16,12 @@ import pytest
 import specsampling as ss
 from specsampling.certify import certify
 from specsampling.invariance import (
-    Perturbed,
     conditional_violations,
     drafters,
     strong_violations,
 )
 from specsampling.keyed import KeyedNoise
+from specsampling.pairs import Perturbed
 from specsampling.schemes.gumbel import Poisson
 
 STRONG = ["gumbel", "poisson", "gls_strong"]
