@@ -39,10 +39,10 @@ import scipy
 from common import parser as common_parser
 from common import report, table
 from scipy import stats
-from specsampling.simulators import diffusion as df
 
 import specsampling as ss
 from specsampling import continuous
+from specsampling.simulators import diffusion as df
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CHAIN_LENGTHS = (1, 2, 4, 8)

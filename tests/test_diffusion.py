@@ -19,9 +19,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import pytest
 from scipy import integrate, stats
-from specsampling.simulators import diffusion as df
 
 from specsampling import continuous
+from specsampling.simulators import diffusion as df
 
 LEVEL = 1e-5
 Z_LEVEL = float(stats.norm.isf(LEVEL / 2))  # two-sided z threshold at LEVEL

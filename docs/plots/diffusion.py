@@ -26,6 +26,7 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
 import numpy as np
+
 from specsampling.simulators import diffusion as df
 
 NUM_SAMPLES = 500

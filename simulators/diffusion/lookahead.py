@@ -14,11 +14,11 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
+from specsampling import continuous
+
 # Absolute imports: pytest (importlib mode) also loads these files as simulators.diffusion.*
 from specsampling.simulators.diffusion.drafts import Draft
 from specsampling.simulators.diffusion.process import Array, VPDiffusion
-
-from specsampling import continuous
 from specsampling.validation import check_positive_int
 
 

@@ -1,0 +1,170 @@
+"""The entry point: ``verify(scheme, batch, target_probs, draft_probs, noise)``.
+
+Validates like the reference's :func:`specsampling.schemes.base.check_round` (shapes, vocab
+match, NaN/inf/negative/mass of every real node's rows, token ids in range, noise in [0, 1)),
+with the argument named in every :class:`~specsampling.InvalidDistribution`; the checks cost one
+host synchronisation, and ``validate=False`` skips them (the sync-free hot path).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from specsampling.errors import InvalidDistribution
+from specsampling.validation import MASS_TOLERANCE, mass_error
+
+from . import ops
+from .noise import Noise
+from .schemes import get_lowering
+from .schemes.base import Verified
+from .tree import TreeBatch
+
+#: Default row-mass tolerance by input dtype (low-precision softmaxes sum to 1 only roughly).
+TOLERANCE = {
+    torch.float64: MASS_TOLERANCE,
+    torch.float32: 1e-4,
+    torch.float16: 1e-2,
+    torch.bfloat16: 1e-2,
+}
+
+
+def tables_batch(
+    target_tables: Sequence[Any],
+    draft_tables: Sequence[Any],
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float64,
+    pad: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack per-tree ``(num_nodes, V)`` tables into ``[B, N, V]`` tensors, padding the rows
+    of missing nodes with ``pad`` (never read)."""
+    stacked = []
+    for tables in (target_tables, draft_tables):
+        arrays = [np.asarray(t, dtype=np.float64) for t in tables]
+        num_nodes = max(a.shape[0] for a in arrays)
+        out = np.full((len(arrays), num_nodes, arrays[0].shape[1]), pad)  # [B, N, V]
+        for row, array in enumerate(arrays):
+            out[row, : array.shape[0]] = array
+        stacked.append(torch.tensor(out, dtype=dtype, device=device))
+    return stacked[0], stacked[1]
+
+
+def verify(
+    scheme: Any,
+    batch: TreeBatch,
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    noise: Noise | None = None,
+    *,
+    generator: torch.Generator | None = None,
+    validate: bool = True,
+    tolerance: float | None = None,
+) -> Verified:
+    """Verify every row of ``batch``; row ``b`` gets the reference verdict of its tree.
+
+    Parameters
+    ----------
+    scheme : str or lowering object
+        A name in :data:`specsampling.gpu.SCHEMES` (or its object).
+    batch : TreeBatch
+        ``B`` trees padded to ``N`` nodes.
+    target_probs, draft_probs : Tensor [B, N, V]
+        Row ``n`` is the distribution after node ``n`` (float64/32, bf16, fp16).
+    noise : Noise, optional
+        Uniforms ``[B, N]``; ``None`` draws fresh ones (from ``generator`` when given).
+    validate : bool, default True
+        Check the inputs (one host synchronisation); ``False`` trusts them.
+    tolerance : float, optional
+        Row-mass tolerance; by default :data:`TOLERANCE` of the input dtype.
+
+    Returns
+    -------
+    Verified
+        ``node [B]``, ``token [B]``, ``tokens [B, max_depth + 1]`` (``-1`` padded),
+        ``num_emitted [B]``.
+    """
+    lowering = get_lowering(scheme)
+    if not isinstance(batch, TreeBatch):
+        raise TypeError(f"batch: expected a TreeBatch, got {type(batch).__name__}")
+    lowering.check_batch(batch)
+    if noise is None:
+        noise = Noise.draw(batch, generator)
+    if validate:
+        check_batch_round(batch, target_probs, draft_probs, noise, tolerance)
+    dtype = ops.compute_dtype(target_probs, draft_probs)
+    device = batch.device
+    target = target_probs.to(device=device, dtype=dtype)  # [B, N, V]
+    draft = draft_probs.to(device=device, dtype=dtype)  # [B, N, V]
+    noise = Noise(
+        noise.accept.to(device=device, dtype=torch.float64),
+        noise.sample.to(device=device, dtype=torch.float64),
+    )
+    return lowering.walk(batch, target, draft, noise)
+
+
+def check_batch_round(
+    batch: TreeBatch,
+    target_probs: Any,
+    draft_probs: Any,
+    noise: Noise | None = None,
+    tolerance: float | None = None,
+) -> None:
+    """The batched ``check_round``: raise :class:`~specsampling.InvalidDistribution` naming the
+    argument (and the row ``[b, n]``) for the first defect. Only real nodes' rows are checked."""
+    shape = tuple(batch.parents.shape)
+    for name, table in (("target_probs", target_probs), ("draft_probs", draft_probs)):
+        if not isinstance(table, torch.Tensor) or not table.is_floating_point():
+            raise InvalidDistribution(
+                f"{name}: expected a float tensor of shape ({shape[0]}, {shape[1]}, vocab_size),"
+                f" got {type(table).__name__}"
+                + (f" of dtype {table.dtype}" if isinstance(table, torch.Tensor) else "")
+            )
+        if table.ndim != 3 or tuple(table.shape[:2]) != shape or table.shape[2] == 0:
+            raise InvalidDistribution(
+                f"{name}: expected shape ({shape[0]}, {shape[1]}, vocab_size), got "
+                f"{tuple(table.shape)}"
+            )
+    vocab_size = int(target_probs.shape[2])
+    if draft_probs.shape[2] != vocab_size:
+        raise InvalidDistribution(
+            f"draft_probs: vocabulary mismatch, {draft_probs.shape[2]} columns but vocab_size "
+            f"is {vocab_size}"
+        )
+    if noise is not None:
+        noise.check(batch)
+    real = batch.real_nodes()  # [B, N]
+    token_ok = (batch.tokens < vocab_size) | ~real  # [B, N]
+    row_checks = []
+    for name, table in (("target_probs", target_probs), ("draft_probs", draft_probs)):
+        tol = TOLERANCE.get(table.dtype, 1e-4) if tolerance is None else tolerance
+        values = table.to(device=real.device, dtype=ops.compute_dtype(table))  # [B, N, V]
+        mass = values.sum(-1)  # [B, N]; NaN/inf rows have a NaN/inf mass
+        negative = (values < 0).any(-1)  # [B, N]
+        ok = (((mass - 1).abs() <= tol) & ~negative) | ~real  # [B, N]
+        row_checks.append((name, values, mass, ok, tol))
+    if bool(token_ok.all() & row_checks[0][3].all() & row_checks[1][3].all()):
+        return
+    for name, values, mass, ok, tol in row_checks:
+        if not bool(ok.all()):
+            row, node = (int(i) for i in (~ok).nonzero()[0])
+            label = f"{name}[{row}, {node}]"
+            entries = values[row, node]  # [V]
+            finite = torch.isfinite(entries)
+            if not bool(finite.all()):
+                index = int((~finite).nonzero()[0, 0])
+                raise InvalidDistribution(f"{label}: NaN or inf at index {index}")
+            if bool((entries < 0).any()):
+                index = int((entries < 0).nonzero()[0, 0])
+                raise InvalidDistribution(
+                    f"{label}: negative entry at index {index} (raw logits? apply "
+                    "specsampling.gpu.process first)"
+                )
+            raise InvalidDistribution(mass_error(label, float(mass[row, node]), tol))
+    row, node = (int(i) for i in (~token_ok).nonzero()[0])
+    raise InvalidDistribution(
+        f"batch.tokens[{row}, {node}]: token id {int(batch.tokens[row, node])} >= vocab_size "
+        f"{vocab_size}"
+    )

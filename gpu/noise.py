@@ -1,0 +1,98 @@
+"""Noise as data for a batch: the uniforms of :class:`specsampling.Noise`, one row per tree.
+
+``accept[b, n]`` is the uniform of the accept test of the candidate held by node ``n`` of row
+``b``; ``sample[b, n]`` the uniform of the inverse-CDF draw made at node ``n``. Both are float64
+on every device (float32 uniforms bottom out at 2^-24, peer bug B9). Lanes of padding nodes hold
+``PAD_UNIFORM`` (NaN): the walk never reads them, and a read would poison the verdict visibly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+import specsampling as ss
+from specsampling.errors import InvalidDistribution
+
+from .tree import TreeBatch
+
+#: The value of the padding lanes: never read by a verifier.
+PAD_UNIFORM = float("nan")
+
+
+class Noise(NamedTuple):
+    """Uniforms in ``[0, 1)`` for one round of a batch: ``accept``, ``sample`` float64 ``[B, N]``.
+
+    >>> import numpy as np
+    >>> import specsampling as ss
+    >>> noise = Noise.from_reference([ss.Noise.constant(0.5, 2), ss.Noise.constant(0.0, 3)])
+    >>> noise.accept.shape, noise.sample[0].tolist()
+    (torch.Size([2, 3]), [0.5, 0.5, nan])
+    """
+
+    accept: torch.Tensor  # [B, N] float64
+    sample: torch.Tensor  # [B, N] float64
+
+    @classmethod
+    def from_reference(
+        cls, noises: Sequence[ss.Noise], device: torch.device | str | None = None
+    ) -> Noise:
+        """Stack reference noises (each validated), padding short rows with ``PAD_UNIFORM``."""
+        noises = list(noises)
+        if not noises:
+            raise InvalidDistribution("noise: expected at least one ss.Noise")
+        checked = []
+        for row, n in enumerate(noises):
+            try:
+                checked.append(ss.Noise.checked(n.accept, n.sample, len(n.accept)))
+            except (InvalidDistribution, TypeError, AttributeError) as error:
+                raise InvalidDistribution(f"noises[{row}]: {error}") from None
+        width = max(len(n.accept) for n in checked)
+        arrays = []
+        for part in ("accept", "sample"):
+            table = np.full((len(checked), width), PAD_UNIFORM)  # [B, N]
+            for row, n in enumerate(checked):
+                values = getattr(n, part)
+                table[row, : len(values)] = values
+            arrays.append(torch.tensor(table, dtype=torch.float64, device=device))
+        return cls(arrays[0], arrays[1])
+
+    @classmethod
+    def draw(cls, batch: TreeBatch, generator: torch.Generator | None = None) -> Noise:
+        """Fresh independent float64 uniforms for every lane of ``batch`` (on its device)."""
+        shape = tuple(batch.parents.shape)  # (B, N)
+        device = batch.device if generator is None else generator.device
+        accept = torch.rand(shape, dtype=torch.float64, generator=generator, device=device)
+        sample = torch.rand(shape, dtype=torch.float64, generator=generator, device=device)
+        return cls(accept.to(batch.device), sample.to(batch.device))
+
+    def check(self, batch: TreeBatch) -> None:
+        """Raise :class:`~specsampling.InvalidDistribution` (naming ``noise.accept`` or
+        ``noise.sample``) unless both are float tensors ``[B, N]`` with every real lane in
+        ``[0, 1)``. One host synchronisation."""
+        shape = tuple(batch.parents.shape)
+        real = batch.real_nodes()  # [B, N]
+        for name, values in (("accept", self.accept), ("sample", self.sample)):
+            if not isinstance(values, torch.Tensor) or not values.is_floating_point():
+                raise InvalidDistribution(
+                    f"noise.{name}: expected a float tensor of shape {shape}, got "
+                    f"{type(values).__name__}"
+                )
+            if tuple(values.shape) != shape:
+                raise InvalidDistribution(
+                    f"noise.{name}: expected shape {shape}, got {tuple(values.shape)}"
+                )
+        inside = [
+            ((v >= 0) & (v < 1)) | ~real  # [B, N]
+            for v in (self.accept.to(real.device), self.sample.to(real.device))
+        ]
+        if bool((inside[0] & inside[1]).all()):
+            return
+        for name, ok in zip(("accept", "sample"), inside, strict=True):
+            bad = (~ok).any(-1)  # [B]
+            if bool(bad.any()):
+                row = int(bad.nonzero()[0, 0])
+                raise InvalidDistribution(f"noise.{name}[{row}]: uniforms must lie in [0, 1)")

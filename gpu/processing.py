@@ -1,0 +1,421 @@
+r"""Batched lowering of :func:`specsampling.process`: temperature, then top-k, then top-p.
+
+Every row of ``logits [..., V]`` is processed exactly as the reference processes it alone, with
+its own parameters when they are given per row:
+
+.. math::
+
+    p = \mathrm{softmax}\big((\ell - \max \ell) / T\big), \qquad
+    K = \text{the } k \text{ first tokens of the ranking}, \qquad
+    P = \{x_r \in K : \textstyle\sum_{s < r,\, x_s \in K} p(x_s) < \mathrm{top\_p}\,p(K)\}
+
+where the ranking sorts tokens by decreasing :math:`p` with ties to the lower id (a stable sort,
+as the reference's ``argsort(kind="stable")``), and the result is :math:`p` restricted to
+:math:`P` and renormalised. ``T = 0`` is greedy decoding: a one-hot on the argmax of the logits
+(lowest id on ties), which the verifiers then treat as any other target. ``top_p = 1`` (or
+``None``) keeps every token, ``top_k >= V`` (or ``None``) keeps every token.
+
+The lowering mirrors the reference's arithmetic step by step (subtract the row maximum, divide by
+``T``, exponentiate, normalise, rank the *normalised* probabilities with a stable sort, sequential
+cumulative mass, renormalise), and in float64 it adds row sums in numpy's pairwise order
+(:func:`_row_sum`), so on CPU a row comes out bit for bit equal to the reference whenever torch's
+``exp`` rounds like numpy's (99% of the test grid's rows; the two ``exp`` differ by one ulp on
+about 5% of inputs). Where they differ, values agree to a few ulps and the kept tokens differ
+only if the reference's own choice hangs on that last bit (a tie created or broken by rounding,
+a cumulative mass within an ulp of the top-p threshold). On CUDA, ``cumsum`` is a parallel scan:
+the same caveat holds for cumulative masses hit exactly.
+
+Dtype rule: float64 logits are processed and returned in float64; float32, float16 and bfloat16
+logits are processed and returned in **float32** (bf16/fp16 are upcast first); integer logits
+are processed in float64, as the reference does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from specsampling.errors import InvalidDistribution
+from specsampling.processing import _count, _real
+from specsampling.validation import as_real_array
+
+_TEMPERATURE = "a finite number >= 0"
+_TOP_P = "a number with 0 < top_p <= 1, or None"
+
+
+def process(
+    logits: Any,
+    temperature: Any = 1.0,
+    top_k: Any = None,
+    top_p: Any = None,
+    *,
+    validate: bool = True,
+) -> torch.Tensor:
+    r"""Turn logits ``(..., vocab_size)`` into the probabilities sampled from, row by row.
+
+    Parameters
+    ----------
+    logits : torch.Tensor or array_like, shape (..., vocab_size)
+        A tensor stays on its device; other input is converted like the reference (float64, CPU).
+    temperature, top_k, top_p : scalar, or per-row values of shape (...)
+        A number (same rules as :func:`specsampling.process`), or a tensor / sequence / numpy
+        array broadcastable to the batch dimensions ``logits.shape[:-1]``: each row then uses its
+        own value. ``top_k`` and ``top_p`` may be ``None`` (off), also per element of a sequence;
+        per row, ``top_k >= vocab_size`` and ``top_p = 1`` are "off" too.
+    validate : bool, default True
+        Check the values of tensor inputs (NaN / +inf logits, all ``-inf`` rows, per-row tensor
+        parameters), raising the reference's errors. This costs one host synchronisation; with
+        ``validate=False`` the call never synchronises (for decoding loops whose inputs are known
+        to be valid; invalid values then give NaN rows). Python scalars and sequences are always
+        checked, on the host, at no device cost.
+
+    Returns
+    -------
+    torch.Tensor, shape (..., vocab_size)
+        Float64 for float64 (or integer) logits, float32 for float32 / float16 / bfloat16 logits.
+
+    Raises
+    ------
+    InvalidDistribution
+        ``logits:`` a wrong shape, non-real entries, NaN or ``+inf``, a row of only ``-inf``.
+    ValueError
+        ``temperature:``, ``top_k:`` or ``top_p:`` out of range or of a wrong type, or per-row
+        values whose shape does not fit the batch; a per-row error names the row.
+
+    Examples
+    --------
+    >>> import torch
+    >>> process(torch.tensor([0.0, 1.0, 2.0], dtype=torch.float64), temperature=0).tolist()
+    [0.0, 0.0, 1.0]
+    >>> process(torch.zeros(2, 4, dtype=torch.float64), top_k=[1, 2]).tolist()
+    [[1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0]]
+    >>> process(torch.zeros(2, 4), temperature=torch.tensor([0.0, 1.0]), top_p=0.5).tolist()
+    [[1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0]]
+    """
+    logits = _as_logits(logits)
+    vocab_size = logits.shape[-1]
+    batch_shape = tuple(logits.shape[:-1])
+    exact = logits.dtype == torch.float64 or not logits.is_floating_point()
+    dtype = torch.float64 if exact else torch.float32
+    x = logits.to(dtype).reshape(-1, vocab_size)  # [R, V]
+    temperature = _Parameter.parse(temperature, "temperature", batch_shape, x.device)
+    top_k = _Parameter.parse(top_k, "top_k", batch_shape, x.device)
+    top_p = _Parameter.parse(top_p, "top_p", batch_shape, x.device)
+    if validate:
+        _check_values(logits, batch_shape, (temperature, top_k, top_p))
+
+    greedy = (temperature.rows == 0)[:, None]  # [R, 1]
+    if temperature.host and temperature.host_max == 0:  # greedy on every row
+        return _one_hot_argmax(x).reshape(logits.shape)
+    # Subtract the row maximum before dividing: a tiny temperature must not overflow to inf - inf.
+    divisor = torch.where(greedy, 1.0, temperature.rows[:, None].to(torch.float64))  # [R, 1]
+    divisor = divisor.clamp_min(_smallest_subnormal(dtype)).to(dtype)  # [R, 1]
+    probs = (x - x.amax(-1, keepdim=True)).div_(divisor).exp_()  # [R, V], a new tensor
+    probs.div_(_row_sum(probs))
+    keep = _keep(probs, top_k, top_p)  # [R, V] or None
+    if keep is not None:
+        probs.masked_fill_(~keep, 0.0)
+    probs.div_(_row_sum(probs))
+    if not (temperature.host and temperature.host_min > 0):  # some rows may be T = 0
+        probs = torch.where(greedy, _one_hot_argmax(x), probs)  # [R, V]
+    return probs.reshape(logits.shape)
+
+
+def _keep(probs: torch.Tensor, top_k: _Parameter, top_p: _Parameter) -> torch.Tensor | None:
+    """The tokens kept by top-k then top-p on the stable ranking (``[R, V]`` bool), or None: all.
+
+    Top-k alone with a host-known largest ``k < V`` takes ``torch.topk`` and a threshold;
+    otherwise one stable sort of every row, as the reference. Parameters known on the host to be
+    off on every row cost nothing.
+    """
+    vocab_size = probs.shape[-1]
+    use_k = not (top_k.host and top_k.host_min >= vocab_size)
+    use_p = not (top_p.host and top_p.host_min == math.inf)
+    if not (use_k or use_p):
+        return None
+    counts = top_k.rows.clamp(max=vocab_size).to(torch.int64)  # [R]
+    if not use_p and top_k.host:
+        if top_k.host_max < vocab_size:
+            return _top_k_by_threshold(probs, counts, int(top_k.host_max))
+    ranked, order = torch.sort(probs, dim=-1, descending=True, stable=True)  # [R, V] each
+    keep = torch.arange(vocab_size, device=probs.device) < counts[:, None]  # [R, V], ranked
+    if use_p:
+        masses = torch.where(top_p.rows >= 1, math.inf, top_p.rows.to(probs.dtype))  # [R]
+        kept = torch.where(keep, ranked, torch.zeros_like(ranked))  # [R, V]
+        mass_before = kept.cumsum(-1) - kept  # [R, V]
+        keep = keep & (mass_before < masses[:, None] * _row_sum(kept))  # [R, V]
+    return torch.zeros_like(keep).scatter_(-1, order, keep)  # [R, V], back in token order
+
+
+def _row_sum(values: torch.Tensor) -> torch.Tensor:
+    """Row sums ``[R, 1]`` of ``values [R, V]``; in float64, added in numpy's pairwise order.
+
+    ``numpy.sum`` along a contiguous axis halves it (at a multiple of 8) down to blocks of at
+    most 128 entries, sums each block in 8 interleaved lanes, then its remainder (only the last
+    block has one), and adds the halves back up. The same additions in the same order round the
+    same way, so the kept sets match the reference even where a top-p threshold is hit exactly
+    (equal probabilities, say). Loops run over lane steps and tree levels, never over tokens.
+    """
+    if values.dtype != torch.float64:
+        return values.sum(-1, keepdim=True)  # [R, 1]
+    num_rows, vocab_size = values.shape
+    if vocab_size < 8:  # one short block: 0 + v_0 + v_1 + ...
+        total = values.new_zeros(num_rows)
+        for j in range(vocab_size):
+            total = total + values[:, j]
+        return total[:, None]
+    groups, num_blocks, num_nodes, levels = _pairwise_plan(vocab_size, values.device)
+    octets = values[:, : vocab_size - vocab_size % 8].reshape(num_rows, -1, 8)  # [R, V // 8, 8]
+    block_sums = values.new_empty(num_rows, num_blocks)  # [R, L]
+    for blocks, first_octets, length in groups:  # the blocks of `length` octets: [Lg] each
+        lanes = octets.index_select(1, first_octets)  # [R, Lg, 8]
+        for i in range(1, length):
+            lanes = lanes + octets.index_select(1, first_octets + i)
+        block_sums[:, blocks] = (
+            (lanes[..., 0] + lanes[..., 1]) + (lanes[..., 2] + lanes[..., 3])
+        ) + ((lanes[..., 4] + lanes[..., 5]) + (lanes[..., 6] + lanes[..., 7]))
+    for j in range(vocab_size - vocab_size % 8, vocab_size):  # the last block's remainder
+        block_sums[:, -1] += values[:, j]
+    sums = torch.cat([block_sums, block_sums.new_empty(num_rows, num_nodes - num_blocks)], -1)
+    for node, left, right in levels:  # halves added bottom-up, as numpy's recursion returns
+        sums[:, node] = sums[:, left] + sums[:, right]
+    return sums[:, -1:]  # [R, 1], the root
+
+
+@functools.lru_cache(maxsize=32)
+def _pairwise_plan(vocab_size: int, device: torch.device):
+    """numpy's pairwise-summation tree over ``vocab_size >= 8`` entries, as index tensors.
+
+    Blocks start at multiples of 8 and hold 1 to 16 whole octets (only the last one has a
+    remainder). Returns, per octet count m, the block ids and their first octets (``[Lg]`` each);
+    the block count L and node count (blocks are nodes ``0..L-1``, the root last); and, per tree
+    height, the ``(node, left, right)`` ids of the internal nodes.
+    """
+    blocks, internal = [], []  # (start, size); (height, left ref, right ref)
+
+    def build(start: int, size: int) -> tuple[tuple[str, int], int]:  # (ref, height)
+        if size <= 128:
+            blocks.append((start, size))
+            return ("block", len(blocks) - 1), 0
+        half = size // 2 - (size // 2) % 8
+        left, left_height = build(start, half)
+        right, right_height = build(start + half, size - half)
+        internal.append((max(left_height, right_height) + 1, left, right))
+        return ("node", len(internal) - 1), internal[-1][0]
+
+    build(0, vocab_size)
+
+    def node_id(ref: tuple[str, int]) -> int:
+        return ref[1] if ref[0] == "block" else len(blocks) + ref[1]
+
+    levels = []
+    for height in sorted({h for h, _, _ in internal}):
+        nodes = [
+            (len(blocks) + k, node_id(left), node_id(right))
+            for k, (h, left, right) in enumerate(internal)
+            if h == height
+        ]
+        levels.append(tuple(torch.tensor(c, device=device) for c in zip(*nodes, strict=True)))
+    groups = []
+    for length in sorted({size // 8 for _, size in blocks}):
+        ids = [b for b, (_, size) in enumerate(blocks) if size // 8 == length]
+        first = [blocks[b][0] // 8 for b in ids]
+        groups.append(
+            (torch.tensor(ids, device=device), torch.tensor(first, device=device), length)
+        )
+    return groups, len(blocks), len(blocks) + len(internal), levels
+
+
+def _top_k_by_threshold(probs: torch.Tensor, counts: torch.Tensor, k_max: int) -> torch.Tensor:
+    """Top-k with ties to the lower ids: every token above the k-th value, then tied ones by id."""
+    top_values = torch.topk(probs, k_max, dim=-1).values  # [R, k_max], decreasing
+    kth = top_values.gather(-1, (counts.clamp(max=k_max) - 1)[:, None])  # [R, 1]
+    above = probs > kth  # [R, V]
+    tied = probs == kth  # [R, V]
+    room = counts[:, None] - above.sum(-1, keepdim=True)  # [R, 1], >= 1
+    return above | (tied & (tied.cumsum(-1, dtype=torch.int32) <= room))  # [R, V]
+
+
+def _one_hot_argmax(x: torch.Tensor) -> torch.Tensor:
+    """One-hot on the first maximum of every row of ``x [R, V]`` (torch.argmax: first maximum)."""
+    return torch.zeros_like(x).scatter_(-1, x.argmax(-1, keepdim=True), 1.0)  # [R, V]
+
+
+def _as_logits(logits: Any) -> torch.Tensor:
+    """``logits`` as a tensor of real numbers with a non-empty last axis, or raise."""
+    if isinstance(logits, torch.Tensor):
+        if logits.dtype == torch.bool or logits.is_complex():
+            kind = "booleans" if logits.dtype == torch.bool else "complex numbers"
+            raise InvalidDistribution(
+                f"logits: entries must be real numbers, got a tensor of {kind} ({logits.dtype})"
+            )
+    else:
+        array = as_real_array(logits, "logits")[0].astype(np.float64, copy=False)
+        logits = torch.as_tensor(array)
+    if logits.ndim == 0 or logits.shape[-1] == 0:
+        raise InvalidDistribution(
+            f"logits: expected shape (..., vocab_size), got {tuple(logits.shape)}"
+        )
+    return logits
+
+
+def _check_scalar(name: str, value: Any) -> float | int | None:
+    """A scalar parameter converted as the reference converts it, raising its exact messages."""
+    if name == "temperature":
+        number = _real(value, name, _TEMPERATURE)
+        if not (math.isfinite(number) and number >= 0):
+            raise ValueError(f"temperature: expected {_TEMPERATURE}, got {value!r}")
+        return number
+    if value is None:
+        return None
+    if name == "top_k":
+        return _count(value)
+    number = _real(value, name, _TOP_P)
+    if not 0 < number <= 1:
+        raise ValueError(f"top_p: expected {_TOP_P}, got {value!r}")
+    return number
+
+
+class _Parameter:
+    """One sampling parameter as per-row values ``rows [R]`` on the logits' device.
+
+    ``top_k`` rows are int64 counts (off: ``2**62``) or the caller's tensor; ``top_p`` rows are
+    float64 (off: ``inf``) or the caller's tensor. ``host`` says the values came from Python or
+    numpy and are checked already; then ``host_min`` / ``host_max`` let the call skip work with no
+    device read. Tensor rows are checked by :func:`_check_values`.
+    """
+
+    def __init__(self, name, rows, host, host_min=math.nan, host_max=math.nan):
+        self.name, self.rows, self.host = name, rows, host
+        self.host_min, self.host_max = host_min, host_max
+
+    @classmethod
+    def parse(cls, value, name, batch_shape, device):
+        num_rows = math.prod(batch_shape)
+        if isinstance(value, torch.Tensor):
+            if value.dtype == torch.bool or value.is_complex():
+                raise ValueError(
+                    f"{name}: expected real numbers per row, got a {value.dtype} tensor"
+                )
+            return cls(name, _broadcast_rows(value, name, batch_shape).to(device), host=False)
+        if not isinstance(value, (np.ndarray, list, tuple)):
+            number = _host_number(name, _check_scalar(name, value))
+            dtype = torch.int64 if name == "top_k" else torch.float64
+            rows = torch.full((num_rows,), number, dtype=dtype, device=device)
+            return cls(name, rows, host=True, host_min=number, host_max=number)
+        numbers = _host_rows(value, name)
+        rows = _broadcast_rows(torch.from_numpy(numbers), name, batch_shape).to(device)
+        low, high = (numbers.min(), numbers.max()) if numbers.size else (math.inf, -math.inf)
+        return cls(name, rows, host=True, host_min=float(low), host_max=float(high))
+
+
+def _host_rows(value: Any, name: str) -> np.ndarray:
+    """Per-row host values checked with the reference's rules, in the rows' encoding.
+
+    Numeric arrays are checked at once; other sequences (``None`` entries, mixed types) entry by
+    entry. An error names the first bad row.
+    """
+    dtype = np.int64 if name == "top_k" else np.float64
+    try:
+        array = np.array(value, dtype=object) if isinstance(value, (list, tuple)) else value
+    except ValueError:
+        raise ValueError(f"{name}: expected per-row values, got a ragged sequence") from None
+    if array.dtype == object and all(type(v) in (int, float) for v in array.flat):
+        with contextlib.suppress(OverflowError):  # plain Python numbers: checked at once below
+            array = array.astype(np.float64)
+    if array.dtype.kind in "fiu":
+        numbers = array.astype(np.float64)
+        if name == "temperature":
+            good = np.isfinite(numbers) & (numbers >= 0)
+        elif name == "top_k":
+            good = np.isfinite(numbers) & (numbers == np.floor(numbers)) & (numbers >= 1)
+        else:
+            good = (numbers > 0) & (numbers <= 1)
+        if good.all():
+            if name == "top_k":
+                return np.minimum(numbers, _OFF_COUNT).astype(np.int64)
+            return np.where(numbers >= 1, np.inf, numbers) if name == "top_p" else numbers
+    array = np.asarray(value, dtype=object)
+    numbers = np.empty(array.shape, dtype=dtype)
+    for index in np.ndindex(array.shape):  # mixed host entries only: checked one by one
+        try:
+            numbers[index] = _host_number(name, _check_scalar(name, array[index]))
+        except ValueError as error:
+            raise ValueError(f"{error} at row {index}") from None
+    return numbers
+
+
+def _host_number(name: str, value: float | int | None) -> float | int:
+    """A checked host value in the rows' encoding: top-k off or huge -> 2**62, top-p off -> inf."""
+    if name == "top_k":
+        return _OFF_COUNT if value is None else min(value, _OFF_COUNT)
+    if name == "top_p":
+        return math.inf if value is None or value >= 1 else value
+    return value
+
+
+_OFF_COUNT = 2**62
+
+
+def _smallest_subnormal(dtype: torch.dtype) -> float:
+    info = torch.finfo(dtype)
+    return info.tiny * info.eps
+
+
+def _broadcast_rows(value: torch.Tensor, name: str, batch_shape: tuple) -> torch.Tensor:
+    """``value`` broadcast to the batch shape and flattened to ``[R]``, or a ValueError."""
+    try:
+        fits = torch.broadcast_shapes(value.shape, batch_shape) == torch.Size(batch_shape)
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(
+            f"{name}: expected a number or per-row values broadcastable to the batch shape "
+            f"{batch_shape} of logits, got shape {tuple(value.shape)}"
+        )
+    return value.broadcast_to(batch_shape).reshape(-1)
+
+
+def _check_values(logits, batch_shape, parameters):
+    """Raise the reference's error for bad tensor values, reading one flag vector (one sync)."""
+    bad_rows = [_bad_rows(parameter) for parameter in parameters]
+    flags = [
+        (torch.isnan(logits) | torch.isposinf(logits)).any(),
+        torch.isneginf(logits).all(-1).any(),
+        *(bad.any() for bad in bad_rows),
+    ]
+    found = torch.stack(flags).tolist()  # the one host synchronisation
+    if found[0]:
+        raise InvalidDistribution("logits: NaN or +inf entries")
+    if found[1]:
+        raise InvalidDistribution("logits: a row has every entry -inf")
+    for parameter, bad, flagged in zip(parameters, bad_rows, found[2:], strict=True):
+        if flagged:
+            flat = int(bad.nonzero()[0, 0])
+            value = parameter.rows[flat].item()
+            row = tuple(int(i) for i in np.unravel_index(flat, batch_shape))
+            try:
+                _check_scalar(parameter.name, value)
+            except ValueError as error:
+                raise ValueError(f"{error} at row {row}") from None
+            raise AssertionError("unreachable: a flagged value passed the scalar check")
+
+
+def _bad_rows(parameter: _Parameter) -> torch.Tensor:
+    """``[R]`` bool: the per-row tensor values the reference would refuse (host rows: none)."""
+    rows = parameter.rows
+    if parameter.host:
+        return torch.zeros(rows.shape, dtype=torch.bool, device=rows.device)
+    floating = rows.is_floating_point()
+    if parameter.name == "temperature":
+        return ~(torch.isfinite(rows) & (rows >= 0)) if floating else rows < 0
+    if parameter.name == "top_k":
+        if not floating:
+            return rows < 1
+        return ~(torch.isfinite(rows) & (rows == rows.floor()) & (rows >= 1))
+    return ~((rows > 0) & (rows <= 1))

@@ -1,0 +1,156 @@
+"""The batched top-down node walk: the lowering of :class:`specsampling.schemes.NodeScheme`.
+
+Every row of a :class:`~specsampling.gpu.TreeBatch` walks its own tree from the root, one depth
+per iteration (``max_depth + 1`` iterations, a static bound): at a node with candidates the
+scheme's :meth:`NodeLowering.node_step` either accepts a candidate slot or gives the
+distribution to stop with; at a node without candidates the bonus is drawn from the target
+after that node. The stop token is drawn by inverse CDF with the node's ``sample`` uniform, and
+a token that equals a drafted child (a residual "hit") descends into that child -- exactly the
+reference's rule. Rows that have stopped keep their verdict while the others go on.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar, NamedTuple
+
+import torch
+
+import specsampling as ss
+from specsampling.errors import UnsupportedShape
+from specsampling.schemes.base import TreeScheme
+
+from .. import ops
+from ..noise import Noise
+from ..tree import PAD, TreeBatch
+
+
+class Verified(NamedTuple):
+    """The verdict of every row: the reference :class:`~specsampling.Verdict`, batched.
+
+    ``node [B]`` is the deepest accepted node (``0``: nothing accepted), ``token [B]`` the next
+    token; ``tokens [B, max_depth + 1]`` the emitted tokens (the accepted path, then ``token``)
+    padded with ``PAD``, and ``num_emitted [B]`` their count (``depth(node) + 1``).
+    """
+
+    node: torch.Tensor  # [B]
+    token: torch.Tensor  # [B]
+    tokens: torch.Tensor  # [B, max_depth + 1]
+    num_emitted: torch.Tensor  # [B]
+
+
+class NodeStep(NamedTuple):
+    """One node decision for every row: the accepted candidate slot (``PAD``: none) and the
+    distribution to stop with when no slot is accepted."""
+
+    accepted: torch.Tensor  # [B] slot index or PAD
+    stop_probs: torch.Tensor  # [B, V]
+
+
+class NodeLowering(ABC):
+    """Base of the lowered node schemes; a subclass gives :meth:`node_step`.
+
+    ``name`` is the reference scheme's registry name; the draw-law refusals follow from the
+    reference's own ``exact_for(law, chain)``.
+    """
+
+    name: ClassVar[str] = ""
+
+    @property
+    def reference_scheme(self) -> TreeScheme:
+        """The numpy reference this object lowers."""
+        scheme = ss.SCHEMES[self.name]
+        assert isinstance(scheme, TreeScheme)
+        return scheme
+
+    def __repr__(self) -> str:
+        return f"<torch lowering {self.name!r}>"
+
+    # ------------------------------------------------------------------ the per-node rule
+    @abstractmethod
+    def node_step(
+        self,
+        target: torch.Tensor,  # [B, V]
+        draft: torch.Tensor,  # [B, V]
+        candidate_tokens: torch.Tensor,  # [B, C] (0 in padded slots)
+        candidate_valid: torch.Tensor,  # [B, C] bool
+        accept_uniforms: torch.Tensor,  # [B, C] float64
+    ) -> NodeStep:
+        """Decide at a node with candidates, for every row at once."""
+
+    def accepts(
+        self, u: torch.Tensor, target_x: torch.Tensor, draft_x: torch.Tensor
+    ) -> torch.Tensor:
+        """The accept test the schemes use (:func:`specsampling.gpu.ops.accepts`)."""
+        return ops.accepts(u, target_x, draft_x)
+
+    def candidate_mask(self, candidate_nodes: torch.Tensor) -> torch.Tensor:
+        """Which candidate slots hold a real child, ``[B, C]`` bool."""
+        return candidate_nodes != PAD
+
+    def bonus_row(self, batch: TreeBatch, node: torch.Tensor) -> torch.Tensor:
+        """The table row the bonus at a leaf is drawn from: the leaf itself (``[B]``)."""
+        return node
+
+    # ------------------------------------------------------------------ refusals
+    def check_batch(self, batch: TreeBatch) -> None:
+        """Raise :class:`~specsampling.UnsupportedShape` for the first row whose tree law the
+        reference is not exact for (host metadata only)."""
+        reference = self.reference_scheme
+        for row, (law, chain) in enumerate(zip(batch.laws, batch.chains, strict=True)):
+            if not reference.exact_for(law, chain):
+                shape = "chain" if chain else "tree"
+                raise UnsupportedShape(
+                    f"batch row {row}: scheme {self.name!r} is not exact for a {shape} drawn by "
+                    f"law {law.value!r}; it is exact for {reference.support_text()}"
+                )
+
+    # ------------------------------------------------------------------ the walk
+    def walk(
+        self,
+        batch: TreeBatch,
+        target_probs: torch.Tensor,  # [B, N, V] compute dtype
+        draft_probs: torch.Tensor,  # [B, N, V] compute dtype
+        noise: Noise,  # [B, N] float64 each
+    ) -> Verified:
+        """The batched :meth:`NodeScheme.verify`, on validated inputs."""
+        batch_size = batch.batch_size
+        device = batch.device
+        rows = torch.arange(batch_size, device=device)  # [B]
+        node = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B]
+        done = torch.zeros(batch_size, dtype=torch.bool, device=device)  # [B]
+        token = torch.full((batch_size,), PAD, dtype=torch.long, device=device)  # [B]
+        emitted = torch.full(
+            (batch_size, batch.max_depth + 1), PAD, dtype=torch.long, device=device
+        )  # [B, D + 1]
+        node_tokens = batch.tokens.clamp_min(0)  # [B, N]
+        for depth in range(batch.max_depth + 1):
+            candidate_nodes = batch.candidates[rows, node]  # [B, C]
+            valid = self.candidate_mask(candidate_nodes)  # [B, C]
+            safe_nodes = candidate_nodes.clamp_min(0)  # [B, C]
+            candidate_tokens = node_tokens.gather(1, safe_nodes)  # [B, C]
+            accept_uniforms = noise.accept.gather(1, safe_nodes)  # [B, C]
+            target = target_probs[rows, node]  # [B, V]
+            draft = draft_probs[rows, node]  # [B, V]
+            leaf = ~valid.any(-1)  # [B]
+
+            step = self.node_step(target, draft, candidate_tokens, valid, accept_uniforms)
+            bonus = target_probs[rows, self.bonus_row(batch, node)]  # [B, V]
+            stop_probs = torch.where(leaf[:, None], bonus, step.stop_probs)  # [B, V]
+            drawn = ops.categorical(stop_probs, noise.sample[rows, node])  # [B]
+
+            accepted = torch.where(leaf, PAD, step.accepted)  # [B]
+            hit = valid & (candidate_tokens == drawn[:, None])  # [B, C]
+            slot = torch.where(accepted >= 0, accepted, hit.to(torch.int8).argmax(-1))  # [B]
+            descend = (accepted >= 0) | hit.any(-1)  # [B]
+            child = safe_nodes.gather(1, slot[:, None]).squeeze(-1)  # [B]
+
+            live = ~done  # [B]
+            stops = live & ~descend  # [B]
+            record = torch.where(descend, node_tokens[rows, child], drawn)  # [B]
+            emitted[:, depth] = torch.where(live, record, emitted[:, depth])
+            token = torch.where(stops, drawn, token)
+            node = torch.where(live & descend, child, node)
+            done = done | stops
+        num_emitted = batch.depth[rows, node] + 1  # [B]
+        return Verified(node, token, emitted, num_emitted)

@@ -1,0 +1,172 @@
+"""Padded batches of draft trees: the tensor layout of :class:`specsampling.DraftTree`.
+
+A :class:`TreeBatch` holds ``B`` trees padded to ``N`` nodes and ``C`` candidate slots per node.
+Node ``0`` of every row is the root (parent and token ``PAD``); a row's nodes ``n >=
+num_nodes[b]`` are padding (parent, token, depth and candidates all ``PAD``). ``candidates[b,
+n]`` lists the child nodes of ``n`` in drafting order **with multiplicity**, then ``PAD``: the
+same multiset the reference ratio schemes test in order. Each row keeps its tree's
+:class:`~specsampling.DrawLaw` (host metadata, checked once per verify call), so
+:meth:`TreeBatch.to_trees` gives back the reference trees exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from specsampling.tree import DraftTree, DrawLaw
+
+#: The one placeholder of every padded id tensor (nodes, tokens, candidates, depths).
+PAD = -1
+
+
+@dataclass(frozen=True, eq=False)
+class TreeBatch:
+    """A padded batch of ``B`` draft trees on one device.
+
+    Attributes
+    ----------
+    parents : LongTensor [B, N]
+        Parent node of every node; ``PAD`` for the root and for padding.
+    tokens : LongTensor [B, N]
+        Drafted token of every node; ``PAD`` for the root and for padding.
+    num_nodes : LongTensor [B]
+        Real nodes per row, the root included.
+    candidates : LongTensor [B, N, C]
+        Child nodes in drafting order with multiplicity, ``PAD`` padded (``C >= 1``).
+    depth : LongTensor [B, N]
+        Drafted tokens from the root to the node; ``PAD`` for padding.
+    laws : tuple of DrawLaw, length B
+        Each tree's draw law.
+    chains : tuple of bool, length B
+        Whether each tree is a chain (every node at most one candidate). Host metadata, computed
+        from ``candidates`` when not given.
+    max_depth : int
+        Depth of the deepest node in the batch (a Python int: the walk's static loop bound).
+
+    Examples
+    --------
+    >>> import specsampling as ss
+    >>> trees = [ss.DraftTree.from_draws([(0, 2), (0, 1), (0, 2)], law="iid"),
+    ...          ss.DraftTree.chain([3], law="iid")]
+    >>> batch = TreeBatch.from_trees(trees)
+    >>> batch.candidates[0, 0].tolist(), batch.tokens[1].tolist(), batch.max_depth
+    ([1, 2, 1], [-1, 3, -1], 1)
+    >>> batch.to_trees() == trees
+    True
+    """
+
+    parents: torch.Tensor  # [B, N]
+    tokens: torch.Tensor  # [B, N]
+    num_nodes: torch.Tensor  # [B]
+    candidates: torch.Tensor  # [B, N, C]
+    depth: torch.Tensor  # [B, N]
+    laws: tuple[DrawLaw, ...]
+    chains: tuple[bool, ...] = field(default=())
+    max_depth: int = -1
+
+    def __post_init__(self) -> None:
+        batch_size, num_nodes = self.parents.shape
+        if self.tokens.shape != (batch_size, num_nodes) or self.depth.shape != (
+            batch_size,
+            num_nodes,
+        ):
+            raise ValueError("TreeBatch: parents, tokens and depth must all be [B, N]")
+        if self.candidates.ndim != 3 or self.candidates.shape[:2] != (batch_size, num_nodes):
+            raise ValueError("TreeBatch: candidates must be [B, N, C]")
+        if self.num_nodes.shape != (batch_size,):
+            raise ValueError("TreeBatch: num_nodes must be [B]")
+        laws = tuple(DrawLaw.of(law) for law in self.laws)
+        if len(laws) != batch_size:
+            raise ValueError(f"TreeBatch: laws needs one law per row ({batch_size})")
+        object.__setattr__(self, "laws", laws)
+        # Host metadata, computed once here (never inside a verify call).
+        if not self.chains:
+            counts = (self.candidates != PAD).sum(-1)  # [B, N]
+            chains = tuple(bool(c) for c in (counts <= 1).all(-1).tolist())
+            object.__setattr__(self, "chains", chains)
+        if self.max_depth < 0:
+            object.__setattr__(self, "max_depth", int(self.depth.max().clamp_min(0)))
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.parents.shape[0])
+
+    @property
+    def device(self) -> torch.device:
+        return self.parents.device
+
+    @classmethod
+    def from_trees(
+        cls, trees: Sequence[DraftTree], device: torch.device | str | None = None
+    ) -> TreeBatch:
+        """Pad reference trees into one batch (``N``: the largest tree, ``C``: the longest
+        candidate list, at least 1)."""
+        trees = list(trees)
+        if not trees:
+            raise ValueError("trees: expected at least one DraftTree")
+        for index, tree in enumerate(trees):
+            if not isinstance(tree, DraftTree):
+                raise TypeError(f"trees[{index}]: expected a DraftTree, got {tree!r}")
+        num_nodes = max(tree.num_nodes for tree in trees)
+        slots = max(1, max(len(c) for tree in trees for c in tree.candidates))
+        parents = torch.full((len(trees), num_nodes), PAD, dtype=torch.long)  # [B, N]
+        tokens = torch.full((len(trees), num_nodes), PAD, dtype=torch.long)  # [B, N]
+        depth = torch.full((len(trees), num_nodes), PAD, dtype=torch.long)  # [B, N]
+        candidates = torch.full((len(trees), num_nodes, slots), PAD, dtype=torch.long)
+        for row, tree in enumerate(trees):
+            size = tree.num_nodes
+            parents[row, :size] = torch.tensor(tree.parents)
+            tokens[row, :size] = torch.tensor(tree.tokens)
+            depth[row, :size] = torch.tensor([tree.depth(n) for n in range(size)])
+            for node, cands in enumerate(tree.candidates):
+                if cands:
+                    candidates[row, node, : len(cands)] = torch.tensor(cands)
+        return cls(
+            parents=parents.to(device),
+            tokens=tokens.to(device),
+            num_nodes=torch.tensor([tree.num_nodes for tree in trees], device=device),
+            candidates=candidates.to(device),
+            depth=depth.to(device),
+            laws=tuple(tree.law for tree in trees),
+            chains=tuple(tree.is_chain for tree in trees),
+            max_depth=max(tree.max_depth for tree in trees),
+        )
+
+    def to_trees(self) -> list[DraftTree]:
+        """The reference trees, laws included (copies to the host)."""
+        parents = self.parents.tolist()
+        tokens = self.tokens.tolist()
+        candidates = self.candidates.tolist()
+        trees = []
+        for row, size in enumerate(self.num_nodes.tolist()):
+            cands = tuple(tuple(c for c in candidates[row][n] if c != PAD) for n in range(size))
+            trees.append(
+                DraftTree(
+                    tuple(parents[row][:size]),
+                    tuple(tokens[row][:size]),
+                    cands,
+                    self.laws[row],
+                )
+            )
+        return trees
+
+    def to(self, device: torch.device | str) -> TreeBatch:
+        """The same batch on ``device``."""
+        return TreeBatch(
+            self.parents.to(device),
+            self.tokens.to(device),
+            self.num_nodes.to(device),
+            self.candidates.to(device),
+            self.depth.to(device),
+            self.laws,
+            self.chains,
+            self.max_depth,
+        )
+
+    def real_nodes(self) -> torch.Tensor:
+        """Mask of real (non-padding) nodes, ``[B, N]`` bool."""
+        nodes = torch.arange(self.parents.shape[1], device=self.device)  # [N]
+        return nodes[None, :] < self.num_nodes[:, None]  # [B, N]

@@ -1,0 +1,421 @@
+"""Path-wise equality of the torch lowering with its numpy reference (issue 10, section 5).
+
+Fed the same trees, tables and noise, the float64 lowering must return the reference verdict for
+every row of a batch that mixes trees of different shapes and sizes, so a row's result never
+depends on its neighbours or on padding. Mutants of the lowering must fail the same comparison.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import specsampling as ss
+from proofs_tests.catalogue import LAW_SHAPES
+from proofs_tests.strategies import model_pairs
+from specsampling import gpu as ssg
+from specsampling.noise import LARGEST_BELOW_ONE
+from specsampling.schemes import tables
+
+ops = ssg.ops
+NSS, RSD = ssg.schemes.nss.NSS, ssg.schemes.rsd.RSD
+SpecInfer, Standard = ssg.schemes.specinfer.SpecInfer, ssg.schemes.standard.Standard
+
+DEEPER = (
+    ss.Shape.chain(5),
+    ss.Shape.star(4),
+    ss.Shape.star(4, replacement=False),
+    ss.Shape.paths(3, 3),
+    ss.Shape.branching((3, 2)),
+    ss.Shape.branching((2, 2), replacement=True),
+    ss.Shape.branching((1, 1, 1)),
+    ss.Shape.delayed(3, trunk=2, branch=2),
+    ss.Shape.top((3, 2)),
+    ss.Shape.greedy((3, 2)),
+    ss.Shape.greedy((1, 1)),
+    ss.Shape.hub(2),
+)
+SHAPES = LAW_SHAPES + DEEPER
+LOWERED = sorted(ssg.SCHEMES)
+Round = tuple[ss.DraftTree, np.ndarray, np.ndarray, ss.Noise]
+
+
+def supported(name: str) -> list[ss.Shape]:
+    return [shape for shape in SHAPES if ss.SCHEMES[name].supports(shape)]
+
+
+def boundary_noises(rng: np.random.Generator, num_nodes: int) -> list[ss.Noise]:
+    return [
+        ss.Noise.draw(rng, num_nodes),
+        ss.Noise.constant(0.0, num_nodes),
+        ss.Noise.constant(LARGEST_BELOW_ONE, num_nodes),
+    ]
+
+
+def mixed_rounds(name: str, pair: Any, seed: int) -> list[Round]:
+    """Every supported shape drafted once, each with random and boundary noise, shuffled."""
+    rng = np.random.default_rng(seed)
+    rounds: list[Round] = []
+    for shape in supported(name):
+        tree = shape.draft(pair, rng)
+        target, draft = tables(pair, tree)
+        rounds += [(tree, target, draft, n) for n in boundary_noises(rng, tree.num_nodes)]
+    order = rng.permutation(len(rounds))
+    return [rounds[i] for i in order]
+
+
+def run_lowering(
+    lowering: Any, rounds: list[Round], device: str = "cpu", pad: float = 0.0
+) -> ssg.Verified:
+    batch = ssg.TreeBatch.from_trees([r[0] for r in rounds], device=device)
+    target, draft = ssg.tables_batch(
+        [r[1] for r in rounds], [r[2] for r in rounds], device=device, pad=pad
+    )
+    noise = ssg.Noise.from_reference([r[3] for r in rounds], device=device)
+    return ssg.verify(lowering, batch, target, draft, noise)
+
+
+def mismatches(lowering: Any, rounds: list[Round], device: str = "cpu", pad: float = 0.0) -> list:
+    """Rows whose lowered verdict (or emitted tokens) differ from the reference's."""
+    reference = ss.SCHEMES[ssg.get_lowering(lowering).name]
+    out = run_lowering(lowering, rounds, device, pad)
+    got = list(zip(out.node.tolist(), out.token.tolist(), strict=True))
+    tokens, counts = out.tokens.tolist(), out.num_emitted.tolist()
+    bad = []
+    for row, (tree, target, draft, noise) in enumerate(rounds):
+        expected = tuple(reference.verify(tree, target, draft, noise))
+        path = (*tree.prefix(expected[0]), expected[1])
+        emitted = tokens[row][: counts[row]]
+        if got[row] != expected or tuple(emitted) != path or set(tokens[row][counts[row] :]) - {-1}:
+            bad.append((row, tree, got[row], expected))
+    return bad
+
+
+# --------------------------------------------------------------------------- path-wise equality
+@pytest.mark.parametrize("name", LOWERED)
+@pytest.mark.parametrize("vocab", [2, 3, 6])
+@pytest.mark.parametrize("pair_seed", [0, 1, 2])
+def test_pathwise_mixed_batches(name: str, vocab: int, pair_seed: int) -> None:
+    pair = ss.pairs.Random(vocab, seed=pair_seed)
+    for seed in range(3):
+        assert mismatches(name, mixed_rounds(name, pair, seed)) == []
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", LOWERED)
+def test_pathwise_on_device(name: str) -> None:
+    """The same comparison on CUDA when one is present (on CPU otherwise)."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    for pair_seed in range(3):
+        pair = ss.pairs.Random(5, seed=pair_seed)
+        assert mismatches(name, mixed_rounds(name, pair, pair_seed), device=device) == []
+
+
+@st.composite
+def hypothesis_rounds(draw: Any, name: str) -> list[Round]:
+    """Trees of supported shapes over a drawn pair (zeros, one-hot, p == q, disjoint supports;
+    small vocabularies give i.i.d. duplicates), with drawn and boundary uniforms."""
+    shapes = supported(name)
+    vocab = draw(st.integers(2, 4))
+    pair = draw(model_pairs(vocab, max(s.depth for s in shapes)))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    uniform = st.one_of(
+        st.sampled_from([0.0, LARGEST_BELOW_ONE, 0.5]),
+        st.floats(0.0, 1.0, exclude_max=True, allow_nan=False),
+    )
+    rounds = []
+    for shape in draw(st.lists(st.sampled_from(shapes), min_size=1, max_size=5)):
+        tree = shape.draft(pair, rng)
+        size = tree.num_nodes
+        lanes = st.lists(uniform, min_size=size, max_size=size)
+        noise = ss.Noise.checked(draw(lanes), draw(lanes), size)
+        rounds.append((tree, *tables(pair, tree), noise))
+    return rounds
+
+
+@pytest.mark.parametrize("name", LOWERED)
+def test_pathwise_hypothesis(name: str) -> None:
+    @given(hypothesis_rounds(name))
+    def check(rounds: list[Round]) -> None:
+        assert mismatches(name, rounds) == []
+
+    check()
+
+
+# --------------------------------------------------------------------------- mutants
+class InclusiveAccept(SpecInfer):
+    """``u * q <= p``: accepts a token of zero target mass when ``u == 0``."""
+
+    def accepts(self, u: torch.Tensor, target_x: torch.Tensor, draft_x: torch.Tensor) -> Any:
+        return u * draft_x.double() <= target_x.double()
+
+
+class InclusiveAcceptStandard(Standard):
+    def accepts(self, u: torch.Tensor, target_x: torch.Tensor, draft_x: torch.Tensor) -> Any:
+        return u * draft_x.double() <= target_x.double()
+
+
+class ResidualNotZeroed(SpecInfer):
+    """After a rejection the rejected token keeps its running mass in the residual."""
+
+    def update(self, target: torch.Tensor, draft: torch.Tensor, token: torch.Tensor) -> Any:
+        kept = ops.gather_tokens(target, token)[:, None]  # [B, 1]
+        weights = ops.residual(target, draft).scatter(-1, token[:, None], kept)  # [B, V]
+        return weights / weights.sum(-1, keepdim=True), draft
+
+
+class BonusFromParent(NSS):
+    """The bonus at a leaf drawn from the parent's target row."""
+
+    def bonus_row(self, batch: ssg.TreeBatch, node: torch.Tensor) -> torch.Tensor:
+        rows = torch.arange(batch.batch_size, device=node.device)
+        return batch.parents[rows, node].clamp_min(0)
+
+
+class PaddingSelectable(RSD):
+    """Padded candidate slots treated as real: ``-1`` ids clamped to node 0 are selectable."""
+
+    def candidate_mask(self, candidate_nodes: torch.Tensor) -> torch.Tensor:
+        return torch.ones_like(candidate_nodes, dtype=torch.bool)
+
+
+MUTANTS = [
+    InclusiveAccept(),
+    InclusiveAcceptStandard(),
+    ResidualNotZeroed(),
+    BonusFromParent(),
+    PaddingSelectable(),
+]
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: type(m).__name__)
+def test_mutants_are_caught(mutant: Any) -> None:
+    found = 0
+    for pair_seed in range(8):
+        pair = ss.pairs.Random(3, seed=pair_seed)
+        found += len(mismatches(mutant, mixed_rounds(mutant.name, pair, pair_seed)))
+    assert found > 0, f"the path-wise test passes the mutant {type(mutant).__name__}"
+
+
+# --------------------------------------------------------------------------- padding and range
+@pytest.mark.parametrize("name", LOWERED)
+def test_padding_never_read_and_tokens_in_range(name: str) -> None:
+    """Padded table rows full of NaN (or of a point mass on the last token) change nothing;
+    every emitted token is in ``[0, V)`` with positive target mass where it was emitted."""
+    vocab = 4
+    pair = ss.pairs.Random(vocab, seed=7)
+    rounds = mixed_rounds(name, pair, 7)
+    assert mismatches(name, rounds, pad=float("nan")) == []
+    outputs = [run_lowering(name, rounds, pad=pad) for pad in (float("nan"), 0.0, 1.0)]
+    for out in outputs[1:]:
+        assert torch.equal(out.tokens, outputs[0].tokens)
+    out = outputs[0]
+    assert bool(((out.token >= 0) & (out.token < vocab)).all())
+    for row, (tree, target, _, _) in enumerate(rounds):
+        node = 0
+        for position, token in enumerate(out.tokens[row, : out.num_emitted[row]].tolist()):
+            assert 0 <= token < vocab and target[node, token] > 0
+            if position < out.num_emitted[row] - 1:
+                node = tree.child_with_token(node, token)
+                assert node is not None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_low_precision_tables_stay_in_range(dtype: torch.dtype) -> None:
+    """float32/bf16 tables (computed in float32): tokens in range with positive target mass,
+    and verdicts off the reference only near a rounding boundary (bound: 2% of the rows with
+    random noise; boundary uniforms meet the float32 CDF's lost tail mass, not counted)."""
+    random_rows = off = 0
+    for name in LOWERED:
+        for seed in range(3):
+            rounds = mixed_rounds(name, ss.pairs.Random(50, seed=seed), seed)
+            batch = ssg.TreeBatch.from_trees([r[0] for r in rounds])
+            target, draft = ssg.tables_batch(
+                [r[1] for r in rounds], [r[2] for r in rounds], dtype=dtype
+            )
+            out = ssg.verify(
+                name, batch, target, draft, ssg.Noise.from_reference([r[3] for r in rounds])
+            )
+            assert bool(((out.token >= 0) & (out.token < 50)).all())
+            rows = torch.arange(len(rounds))
+            assert bool((target[rows, out.node, out.token] > 0).all())
+            for row, (tree, t, d, noise) in enumerate(rounds):
+                if {noise.accept[0], noise.sample[0]} & {0.0, LARGEST_BELOW_ONE}:
+                    continue
+                random_rows += 1
+                expected = tuple(ss.SCHEMES[name].verify(tree, t, d, noise))
+                off += (int(out.node[row]), int(out.token[row])) != expected
+    assert off <= 0.02 * random_rows
+
+
+def test_the_walk_never_synchronises() -> None:
+    """No ``.item()``, ``.tolist()`` or Python branching on tensor values in the verify path."""
+    import inspect
+
+    sources = [inspect.getsource(ssg.schemes.base.NodeLowering.walk)]
+    sources += [inspect.getsource(type(lowering).node_step) for lowering in ssg.SCHEMES.values()]
+    sources += [inspect.getsource(f) for f in (ops.categorical, ops.residual, ops.remove_token)]
+    sources += [inspect.getsource(ssg.schemes.rsd.RSD.update)]
+    for source in sources:
+        for forbidden in (".item(", ".tolist(", "bool(", "int(", "float(", ".nonzero(", "if "):
+            assert forbidden not in source.split('"""')[-1], forbidden
+
+
+def test_categorical_matches_reference_at_the_boundaries() -> None:
+    rng = np.random.default_rng(0)
+    rows = rng.dirichlet(np.ones(7), size=60)
+    rows[rng.random(rows.shape) < 0.4] = 0.0
+    rows[np.arange(60), rng.integers(0, 7, 60)] += 0.1  # every row keeps some mass
+    rows[:10, -3:] = 0.0  # trailing zeros: the clip to the last positive token
+    rows[10:20] = np.eye(7)[rng.integers(0, 7, 10)]
+    for u in (0.0, LARGEST_BELOW_ONE, 0.5, *rng.random(5)):
+        expected = [ss.ops.categorical(row, u) for row in rows]
+        uniforms = torch.full((60,), u, dtype=torch.float64)
+        got = ops.categorical(torch.tensor(rows), uniforms).tolist()
+        assert got == expected
+
+
+def test_residual_and_remove_token_match_reference() -> None:
+    rng = np.random.default_rng(1)
+    target, draft = rng.dirichlet(np.ones(6), size=(2, 30))
+    draft[:5] = target[:5]  # zero-mass residual: the target comes back
+    got = ops.residual(torch.tensor(target), torch.tensor(draft)).numpy()
+    expected = [ss.ops.residual(p, q) for p, q in zip(target, draft, strict=True)]
+    np.testing.assert_allclose(got, expected)
+    tokens = rng.integers(0, 6, 30)
+    got = ops.remove_token(torch.tensor(target), torch.tensor(tokens)).numpy()
+    expected = [ss.ops.remove_token(p, t) for p, t in zip(target, tokens, strict=True)]
+    np.testing.assert_allclose(got, expected)
+    assert (ops.remove_token(torch.tensor([[1.0, 0.0]]), torch.tensor([0])) == 0).all()
+
+
+# --------------------------------------------------------------------------- layout
+def test_tree_batch_round_trips_every_law() -> None:
+    pair = ss.pairs.Random(3, seed=0)
+    rng = np.random.default_rng(0)
+    trees = [shape.draft(pair, rng) for shape in SHAPES]
+    trees += [ss.DraftTree.chain([2, 1]), ss.DraftTree.from_draws([(0, 1), (0, 1)], law="iid")]
+    trees.append(ss.DraftTree((-1,), (-1,)))
+    batch = ssg.TreeBatch.from_trees(trees)
+    assert batch.to_trees() == trees
+    assert [t.law for t in batch.to_trees()] == [t.law for t in trees]
+    assert batch.chains == tuple(t.is_chain for t in trees)
+    assert batch.max_depth == max(t.max_depth for t in trees)
+    assert batch.num_nodes.tolist() == [t.num_nodes for t in trees]
+    assert batch.depth[0, : trees[0].num_nodes].tolist() == [
+        trees[0].depth(n) for n in range(trees[0].num_nodes)
+    ]
+
+
+def test_noise_from_reference_and_draw() -> None:
+    noise = ssg.Noise.from_reference([ss.Noise.constant(0.25, 3), ss.Noise.constant(0.0, 1)])
+    assert noise.accept.dtype == torch.float64 and noise.accept.shape == (2, 3)
+    assert noise.sample[0].tolist() == [0.25] * 3 and torch.isnan(noise.sample[1, 1:]).all()
+    trees = [ss.DraftTree.chain([1, 0], law="iid"), ss.DraftTree.chain([1], law="iid")]
+    batch = ssg.TreeBatch.from_trees(trees)
+    first = ssg.Noise.draw(batch, torch.Generator().manual_seed(3))
+    again = ssg.Noise.draw(batch, torch.Generator().manual_seed(3))
+    assert first.accept.dtype == torch.float64 and torch.equal(first.accept, again.accept)
+    first.check(batch)
+    target = torch.full((2, 3, 2), 0.5, dtype=torch.float64)
+    seeded = [
+        ssg.verify("nss", batch, target, target, generator=torch.Generator().manual_seed(3))
+        for _ in range(2)
+    ]
+    assert torch.equal(seeded[0].tokens, seeded[1].tokens)
+
+
+def test_import_without_torch_says_how_to_install() -> None:
+    code = (
+        "import sys\n"
+        "class NoTorch:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'torch':\n"
+        "            raise ImportError('no torch here')\n"
+        "sys.meta_path.insert(0, NoTorch())\n"
+        "import specsampling.gpu\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode != 0
+    assert 'pip install "specsampling[torch]"' in result.stderr
+
+
+# --------------------------------------------------------------------------- input errors
+def _inputs() -> tuple[ssg.TreeBatch, torch.Tensor, torch.Tensor, ssg.Noise]:
+    trees = [ss.DraftTree.chain([1, 0], law="iid"), ss.DraftTree.from_draws([(0, 2)], law="iid")]
+    batch = ssg.TreeBatch.from_trees(trees)
+    target = torch.full((2, 3, 3), 1 / 3, dtype=torch.float64)
+    noise = ssg.Noise.from_reference([ss.Noise.constant(0.5, 3), ss.Noise.constant(0.5, 2)])
+    return batch, target, target.clone(), noise
+
+
+def test_bad_tables_are_refused_naming_the_argument() -> None:
+    batch, target, draft, noise = _inputs()
+    cases = [
+        (target[:, :2], draft, "target_probs: expected shape"),
+        (target, draft[..., :2], "draft_probs: vocabulary mismatch"),
+        (target.numpy(), draft, "target_probs: expected a float tensor"),
+        (target, draft.long(), "draft_probs: expected a float tensor"),
+    ]
+    bad = target.clone()
+    bad[0, 1, 2] = float("nan")
+    cases.append((bad, draft, r"target_probs\[0, 1\]: NaN or inf at index 2"))
+    bad = draft.clone()
+    bad[1, 1] = torch.tensor([1.5, -0.5, 0.0])
+    cases.append((target, bad, r"draft_probs\[1, 1\]: negative entry at index 1"))
+    bad = target.clone()
+    bad[1, 0] *= 1.1
+    cases.append((bad, draft, r"target_probs\[1, 0\]: mass is 1.1"))
+    for t, d, message in cases:
+        with pytest.raises(ss.InvalidDistribution, match=message):
+            ssg.verify("specinfer", batch, t, d, noise)
+    padded = target.clone()
+    padded[1, 2] = float("nan")  # node 2 of row 1 is padding: never checked, never read
+    ssg.verify("specinfer", batch, padded, draft, noise)
+
+
+def test_bad_tokens_and_noise_are_refused() -> None:
+    batch, target, draft, noise = _inputs()
+    with pytest.raises(ss.InvalidDistribution, match=r"batch.tokens\[1, 1\]: token id 2 >= "):
+        half = torch.full((2, 3, 2), 0.5, dtype=torch.float64)
+        ssg.verify("nss", batch, half, half, noise)
+    outside = ssg.Noise(noise.accept.clone(), noise.sample)
+    outside.accept[1, 1] = 1.0
+    with pytest.raises(ss.InvalidDistribution, match=r"noise.accept\[1\]: uniforms must lie"):
+        ssg.verify("nss", batch, target, draft, outside)
+    with pytest.raises(ss.InvalidDistribution, match=r"noise\.sample: expected shape"):
+        ssg.verify("nss", batch, target, draft, ssg.Noise(noise.accept, noise.sample[:, :2]))
+    with pytest.raises(
+        ss.InvalidDistribution, match=r"noises\[0\]: noise\.accept: uniforms must lie"
+    ):
+        ssg.Noise.from_reference([ss.Noise(np.array([1.0]), np.array([0.5]))])
+
+
+def test_laws_the_reference_is_not_exact_for_are_refused() -> None:
+    batch, target, draft, noise = _inputs()
+    star = ss.DraftTree.from_draws([(0, 1), (0, 2)], law="iid")
+    without = star.with_law("without")
+    refusals = [
+        ("standard", star),
+        ("specinfer", without),
+        ("rsd", ss.DraftTree.from_draws([(0, 1), (0, 1)], law="iid")),
+        ("specinfer", ss.DraftTree.chain([1], law="unknown")),
+        ("rsd", star.with_law("deterministic")),
+    ]
+    for name, tree in refusals:
+        trees = [ss.DraftTree.chain([1], law="iid"), tree]
+        batch = ssg.TreeBatch.from_trees(trees)
+        with pytest.raises(ss.UnsupportedShape, match=f"batch row 1: scheme '{name}'"):
+            ssg.verify(name, batch, target, draft, noise)
+        with pytest.raises(ss.UnsupportedShape):
+            ss.SCHEMES[name].check_tree(tree)
+    ssg.verify("nss", ssg.TreeBatch.from_trees([star.with_law("unknown")] * 2), target, draft)
+    with pytest.raises(KeyError, match="unknown torch lowering 'block'"):
+        ssg.verify("block", batch, target, draft, noise)
