@@ -35,7 +35,8 @@ from specsampling.keyed.gls_law import gls_acceptance, list_matching_bound
 from specsampling.keyed.laws import gumbel_acceptance
 
 RESULTS = Path(__file__).resolve().parent / "results"
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the former forms live in the tests
 from test_keyed_sizes import reference_match_law  # noqa: E402
 
 

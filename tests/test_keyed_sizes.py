@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import specsampling as ss
+from proofs_tests.oracles import random_pairs
 from specsampling.keyed.gls_law import ERROR_BOUND, gls_acceptance, list_matching_bound, match_law
 from specsampling.keyed.laws import gumbel_acceptance, gumbel_hits
 
@@ -92,26 +93,16 @@ def reference_match_law(p: np.ndarray, q: np.ndarray, active: int, rows: int) ->
 
 
 def _pairs(seed: int, count: int, max_size: int = 50):
-    """Random pairs by mapping: zeros, disjoint supports, p == q, near one-hot, plain Dirichlet."""
-    rng = np.random.default_rng(seed)
-    for _ in range(count):
-        size = int(rng.integers(1, max_size, endpoint=True))
-        p = rng.dirichlet(np.full(size, rng.choice([0.05, 0.3, 1.0, 3.0])))
-        q = rng.dirichlet(np.full(size, rng.choice([0.05, 0.3, 1.0, 3.0])))
-        kind = int(rng.integers(6))
-        if kind == 0:
-            p = np.where((rng.random(size) < 0.4) & (np.arange(size) != p.argmax()), 0.0, p)
-        elif kind == 1:
-            q = p.copy()
-        elif kind == 2:
-            q = np.where((rng.random(size) < 0.4) & (np.arange(size) != q.argmax()), 0.0, q)
-        elif kind == 3:
-            p = np.where(np.arange(size) == rng.integers(size), 1.0, 1e-9)
-        elif kind == 4 and size > 1:
-            half = size // 2
-            p = np.concatenate((p[:half] + 1e-3, np.zeros(size - half)))
-            q = np.concatenate((np.zeros(half), q[half:] + 1e-3))
-        yield p / p.sum(), q / q.sum()
+    """The shared random pairs (:func:`proofs_tests.oracles.random_pairs`: zeros, p == q, near
+    one-hot, plain Dirichlet), plus disjoint supports and a one-token vocabulary."""
+    yield from random_pairs(seed, count, max_size)
+    rng = np.random.default_rng(seed + 1)
+    for size in (2, 5, max_size):
+        half = size // 2
+        p = np.concatenate((rng.dirichlet(np.full(half, 0.3)), np.zeros(size - half)))
+        q = np.concatenate((np.zeros(half), rng.dirichlet(np.full(size - half, 0.3))))
+        yield p, q
+    yield np.ones(1), np.ones(1)
 
 
 # --- agreement at small vocabularies ----------------------------------------------------------
