@@ -29,7 +29,7 @@ from ._types import Law, Prefix, Probs
 from .ops import clip_probability
 from .pairs import ModelPair, Stationary, check_model_pair
 from .schemes import KeyedCoupling, Scheme, SchemeLike, get_scheme
-from .shapes import Shape
+from .shapes import Shape, check_shape
 from .validation import check_positive_int
 
 #: Largest number of draftable trees the single-position helpers will enumerate.
@@ -69,8 +69,7 @@ instead: specsampling.simulators.estimate_emitted(scheme, pair, shape, num_round
     """
     resolved = get_scheme(scheme)
     check_model_pair(pair)
-    if not isinstance(shape, Shape):
-        raise TypeError(f"shape: expected a specsampling.Shape, got {shape!r}")
+    check_shape(shape)
     limit = check_positive_int(max_trees, "max_trees")
     resolved.check(shape)
     vocab = pair.vocab_size
@@ -228,7 +227,6 @@ def lossless_error(
     Fraction(0, 1)
     """
     resolved = get_scheme(scheme)
-    check_work(resolved, pair, shape, max_trees)
     length = shape.depth + 1 if length is None else check_positive_int(length, "length")
     emitted = extended_law(resolved, pair, shape, length, prefix, max_trees=max_trees)
     target = target_joint(pair, length, prefix)

@@ -10,7 +10,7 @@ from ._types import Prefix
 from .keyed import KeyedNoise
 from .pairs import ModelPair, check_model_pair
 from .schemes import SCHEMES, KeyedCoupling, SchemeLike, Verdict, get_scheme
-from .shapes import Shape
+from .shapes import Shape, check_shape
 from .tree import DraftTree
 from .validation import check_positive_int
 
@@ -72,8 +72,7 @@ def speculate(
     """
     resolved = get_scheme(scheme)
     check_model_pair(pair)
-    if not isinstance(shape, Shape):
-        raise TypeError(f"shape: expected a specsampling.Shape, got {shape!r}")
+    check_shape(shape)
     if not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng: expected a numpy.random.Generator, got {type(rng).__name__}")
     if noise is None:

@@ -370,6 +370,19 @@ def _level_steps(
     return tuple(steps)
 
 
+def check_shape(shape: Any, name: str = "shape") -> Shape:
+    """``shape`` if it is a :class:`Shape`; a clear :class:`TypeError` otherwise.
+
+    >>> check_shape("chain(2)")
+    Traceback (most recent call last):
+    ...
+    TypeError: shape: expected a specsampling.Shape, got 'chain(2)'
+    """
+    if not isinstance(shape, Shape):
+        raise TypeError(f"{name}: expected a specsampling.Shape, got {shape!r}")
+    return shape
+
+
 def _check_bool(value: Any, name: str) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise ValueError(f"{name}: expected True or False, got {value!r}")
