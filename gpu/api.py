@@ -14,13 +14,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from specsampling.errors import InvalidDistribution
+from specsampling.errors import InvalidDistribution, UnsupportedShape
 from specsampling.validation import MASS_TOLERANCE, mass_error
 
 from . import ops
 from .noise import Noise
 from .schemes import get_lowering
-from .schemes.base import Verified
+from .schemes.base import TreeLowering, Verified
 from .tree import TreeBatch
 
 #: Default row-mass tolerance by input dtype (low-precision softmaxes sum to 1 only roughly).
@@ -87,6 +87,11 @@ def verify(
         ``num_emitted [B]``.
     """
     lowering = get_lowering(scheme)
+    if not isinstance(lowering, TreeLowering):
+        raise UnsupportedShape(
+            f"scheme: {lowering.name!r} is a keyed coupling, not a tree verifier; its rounds "
+            "run from a key (specsampling.gpu.generate)"
+        )
     if not isinstance(batch, TreeBatch):
         raise TypeError(f"batch: expected a TreeBatch, got {type(batch).__name__}")
     lowering.check_batch(batch)

@@ -1,29 +1,39 @@
 """The registry of lowerings: reference scheme name -> batched torch object.
 
-Same names as :data:`specsampling.SCHEMES`; registering a lowering puts it under the path-wise
-test (``tests/test_gpu_pathwise.py``).
+Same names as :data:`specsampling.SCHEMES`. Each module listed in ``MODULES`` (same file name as
+the reference module it lowers) defines ``LOWERINGS``, the lowerings it holds; registering a
+lowering puts it under the path-wise test (``tests/test_gpu_pathwise.py``).
 
->>> sorted(SCHEMES)
-['nss', 'rsd', 'specinfer', 'standard']
+>>> sorted(SCHEMES)[:3]
+['nss', 'rsd', 'specinfer']
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import specsampling as ss
 from specsampling._registry import Registry
 
-from . import nss, rsd, specinfer, standard
-from .base import NodeLowering, NodeStep, Verified
+from .base import Lowering, NodeLowering, NodeStep, TreeLowering, Verified
+
+#: The lowering modules, in registration order (one line each).
+MODULES = (
+    "standard",
+    "nss",
+    "specinfer",
+    "rsd",
+)
 
 #: Lowered schemes by reference name.
-SCHEMES: Registry[NodeLowering] = Registry("torch lowering")
-for _lowering in (standard.LOWERING, nss.LOWERING, specinfer.LOWERING, rsd.LOWERING):
-    SCHEMES.register(_lowering)
+SCHEMES: Registry[Lowering] = Registry("torch lowering")
+for _module in MODULES:
+    for _lowering in importlib.import_module(f"{__name__}.{_module}").LOWERINGS:
+        SCHEMES.register(_lowering)
 
 
-def get_lowering(scheme: Any) -> NodeLowering:
+def get_lowering(scheme: Any) -> Lowering:
     """A registered name, a lowering object, or a registered reference scheme object.
 
     >>> get_lowering("nss").name, get_lowering(ss.SCHEMES["rsd"]).name
@@ -31,7 +41,7 @@ def get_lowering(scheme: Any) -> NodeLowering:
     """
     if isinstance(scheme, str):
         return SCHEMES[scheme]
-    if isinstance(scheme, NodeLowering):
+    if isinstance(scheme, Lowering):
         return scheme
     name = getattr(scheme, "name", None)
     if isinstance(name, str) and name in ss.SCHEMES and ss.SCHEMES[name] is scheme:
@@ -39,4 +49,13 @@ def get_lowering(scheme: Any) -> NodeLowering:
     raise TypeError(f"scheme: expected a lowered scheme name or lowering object, got {scheme!r}")
 
 
-__all__ = ["SCHEMES", "NodeLowering", "NodeStep", "Verified", "get_lowering"]
+__all__ = [
+    "MODULES",
+    "SCHEMES",
+    "Lowering",
+    "NodeLowering",
+    "NodeStep",
+    "TreeLowering",
+    "Verified",
+    "get_lowering",
+]

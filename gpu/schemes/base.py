@@ -1,4 +1,8 @@
-"""The batched top-down node walk: the lowering of :class:`specsampling.schemes.NodeScheme`.
+"""The bases of the lowerings, and the batched top-down node walk of
+:class:`specsampling.schemes.NodeScheme`.
+
+:class:`Lowering` names the reference; :class:`TreeLowering` verifies a :class:`TreeBatch`
+(``walk``); :class:`NodeLowering` is the tree lowering of the node schemes.
 
 Every row of a :class:`~specsampling.gpu.TreeBatch` walks its own tree from the root, one depth
 per iteration (``max_depth + 1`` iterations, a static bound): at a node with candidates the
@@ -12,7 +16,7 @@ reference's rule. Rows that have stopped keep their verdict while the others go 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 
@@ -47,14 +51,33 @@ class NodeStep(NamedTuple):
     stop_probs: torch.Tensor  # [B, V]
 
 
-class NodeLowering(ABC):
-    """Base of the lowered node schemes; a subclass gives :meth:`node_step`.
+class Lowering:
+    """Base of every lowering: ``name`` is the reference scheme's registry name.
 
-    ``name`` is the reference scheme's registry name; the draw-law refusals follow from the
-    reference's own ``exact_for(law, chain)``.
+    Tree verifiers derive from :class:`TreeLowering`; the keyed couplings have their own base
+    (:mod:`specsampling.gpu.schemes.coupled`). ``hot_path`` names the methods that run inside a
+    verify call and must never synchronise with the host (checked by a test).
     """
 
     name: ClassVar[str] = ""
+    hot_path: ClassVar[tuple[str, ...]] = ()
+
+    @property
+    def reference_scheme(self) -> Any:
+        """The numpy reference object this lowers."""
+        return ss.SCHEMES[self.name]
+
+    def __repr__(self) -> str:
+        return f"<torch lowering {self.name!r}>"
+
+
+class TreeLowering(Lowering, ABC):
+    """Base of the lowered tree verifiers: :meth:`walk` gives every row its reference verdict.
+
+    The draw-law refusals follow from the reference's own ``exact_for(law, chain)``.
+    """
+
+    hot_path: ClassVar[tuple[str, ...]] = ("walk",)
 
     @property
     def reference_scheme(self) -> TreeScheme:
@@ -63,8 +86,34 @@ class NodeLowering(ABC):
         assert isinstance(scheme, TreeScheme)
         return scheme
 
-    def __repr__(self) -> str:
-        return f"<torch lowering {self.name!r}>"
+    def check_batch(self, batch: TreeBatch) -> None:
+        """Raise :class:`~specsampling.UnsupportedShape` for the first row whose tree law the
+        reference is not exact for (host metadata only)."""
+        reference = self.reference_scheme
+        for row, (law, chain) in enumerate(zip(batch.laws, batch.chains, strict=True)):
+            if not reference.exact_for(law, chain):
+                shape = "chain" if chain else "tree"
+                raise UnsupportedShape(
+                    f"batch row {row}: scheme {self.name!r} is not exact for a {shape} drawn by "
+                    f"law {law.value!r}; it is exact for {reference.support_text()}"
+                )
+
+    @abstractmethod
+    def walk(
+        self,
+        batch: TreeBatch,
+        target_probs: torch.Tensor,  # [B, N, V] compute dtype
+        draft_probs: torch.Tensor,  # [B, N, V] compute dtype
+        noise: Noise,  # [B, N] float64 each
+    ) -> Verified:
+        """The batched reference ``verify`` on validated inputs (no host synchronisation)."""
+
+
+class NodeLowering(TreeLowering):
+    """Base of the lowered node schemes (:class:`~specsampling.schemes.NodeScheme`); a subclass
+    gives :meth:`node_step`, and the shared top-down :meth:`walk` does the rest."""
+
+    hot_path: ClassVar[tuple[str, ...]] = ("walk", "node_step")
 
     # ------------------------------------------------------------------ the per-node rule
     @abstractmethod
@@ -91,19 +140,6 @@ class NodeLowering(ABC):
     def bonus_row(self, batch: TreeBatch, node: torch.Tensor) -> torch.Tensor:
         """The table row the bonus at a leaf is drawn from: the leaf itself (``[B]``)."""
         return node
-
-    # ------------------------------------------------------------------ refusals
-    def check_batch(self, batch: TreeBatch) -> None:
-        """Raise :class:`~specsampling.UnsupportedShape` for the first row whose tree law the
-        reference is not exact for (host metadata only)."""
-        reference = self.reference_scheme
-        for row, (law, chain) in enumerate(zip(batch.laws, batch.chains, strict=True)):
-            if not reference.exact_for(law, chain):
-                shape = "chain" if chain else "tree"
-                raise UnsupportedShape(
-                    f"batch row {row}: scheme {self.name!r} is not exact for a {shape} drawn by "
-                    f"law {law.value!r}; it is exact for {reference.support_text()}"
-                )
 
     # ------------------------------------------------------------------ the walk
     def walk(

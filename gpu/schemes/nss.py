@@ -30,3 +30,4 @@ class NSS(NodeLowering):
 
 
 LOWERING = NSS()
+LOWERINGS = (LOWERING,)

@@ -27,3 +27,4 @@ class RSD(RecursiveRejection):
 
 
 LOWERING = RSD()
+LOWERINGS = (LOWERING,)

@@ -60,3 +60,4 @@ class SpecInfer(RecursiveRejection):
 
 
 LOWERING = SpecInfer()
+LOWERINGS = (LOWERING,)

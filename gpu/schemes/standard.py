@@ -36,3 +36,4 @@ class Standard(NodeLowering):
 
 
 LOWERING = Standard()
+LOWERINGS = (LOWERING,)
