@@ -43,7 +43,7 @@ DEEPER = (
     ss.Shape.hub(2),
 )
 SHAPES = LAW_SHAPES + DEEPER
-LOWERED = sorted(ssg.SCHEMES)
+LOWERED = sorted(n for n, low in ssg.SCHEMES.items() if isinstance(low, ssg.schemes.TreeLowering))
 Round = tuple[ss.DraftTree, np.ndarray, np.ndarray, ss.Noise]
 
 
@@ -421,5 +421,7 @@ def test_laws_the_reference_is_not_exact_for_are_refused() -> None:
         with pytest.raises(ss.UnsupportedShape):
             ss.SCHEMES[name].check_tree(tree)
     ssg.verify("nss", ssg.TreeBatch.from_trees([star.with_law("unknown")] * 2), target, draft)
-    with pytest.raises(KeyError, match="unknown torch lowering 'block'"):
-        ssg.verify("block", batch, target, draft, noise)
+    with pytest.raises(KeyError, match="unknown torch lowering 'nope'"):
+        ssg.verify("nope", batch, target, draft, noise)
+    with pytest.raises(ss.UnsupportedShape, match="'gumbel' is a keyed coupling"):
+        ssg.verify("gumbel", batch, target, draft, noise)

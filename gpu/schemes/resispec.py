@@ -1,0 +1,358 @@
+r"""ResiSpec residual shaping, lowered for every policy (reference:
+:mod:`specsampling.schemes.resispec`, policies in :mod:`~specsampling.schemes.resispec_policy`
+and :mod:`~specsampling.schemes.resispec_optimise`).
+
+Per row at a node with candidates :math:`x_1..x_K` (the valid slots, with multiplicity) and
+:math:`t_1 = p`, :math:`q_1 = q`: for :math:`k = 1..K` the policy gives :math:`0 \le a_k \le t_k`
+(clamped into that range as :func:`~specsampling.schemes.resispec_policy.check_sub_target` does),
+:math:`m_k = \min(a_k, q_k)`, and
+
+.. math:: \text{accept } x_k \iff u_k\,q_k(x_k) < m_k(x_k), \qquad
+          t_{k+1} = \frac{t_k - m_k}{1 - \sum m_k},
+
+with :math:`q_{k+1} = q_k` for i.i.d. rows and :math:`q_k` without :math:`x_k`, renormalised, for
+without-replacement rows (the law is per row). A stage with :math:`1 - \sum m_k \le 0` is the last
+one tested; if every tested candidate is rejected the walk stops with :math:`t` of the last stage.
+Duplicates reuse the uniform exactly as the reference (:func:`.spectr.reuse_uniform` with the
+stage's own :math:`a = \min(1, m_k(x)/q_k(x))`).
+
+Policies (one lowering object per reference policy object, :func:`lower_policy`):
+
+* :class:`Greedy` -- :math:`a_k = t_k`.
+* :class:`ConstantRatio` -- :math:`a_k = \min(t_k, q_k, p/\rho)`; ``rho=None`` takes SpecTr's
+  :math:`\rho^*(p, q, K)` by the batched bisection of :func:`.spectr.optimal_rho`.
+* :class:`ConfidenceDamping` -- :math:`a_k = s_k t_k` on :math:`H` for :math:`k < K`, with
+  :math:`H = \{q \ge \tau\}` or the ``top`` most probable draft tokens (ties to the lowest id).
+* :class:`Optimised` (the registered default) -- **host-resolved**: the reference optimiser
+  (:func:`~specsampling.schemes.resispec_optimise.optimise`, memoised per node) picks greedy,
+  a constant ratio or a threshold damping per node by comparing float closed-form acceptances,
+  near-ties included (exact ties such as :math:`p = q` are broken by the last bit of a numpy
+  pairwise sum). Reproducing that choice bit for bit would need numpy's summation order (and, above
+  ``COMPRESS_ABOVE`` tokens, its ``log2`` and ``bincount``) on every device, so
+  :meth:`Optimised.node_parameters` runs the reference optimiser per node on the host (one host
+  synchronisation per verify call, before the walk) and hands the walk the chosen rule as
+  explicit per-node tensors ``(kind, rho, scale, threshold)``; everything after is batched.
+
+How per-row data reaches :meth:`ResiSpec.node_step`: :meth:`ResiSpec.walk` appends
+``PARAMETERS`` columns to the draft table (the walk passes the draft row only to ``node_step``):
+column 0 is 1 for a without-replacement row, the others the policy's per-node parameters.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from fractions import Fraction
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+import specsampling as ss
+from specsampling.schemes import resispec as reference
+from specsampling.tree import DrawLaw
+
+from .. import ops
+from ..noise import Noise
+from ..tree import PAD, TreeBatch
+from .base import NodeLowering, NodeStep, Verified
+from .spectr import accept_probability, later_copies, optimal_rho, reuse_uniform
+
+#: Resolved-rule kinds of :class:`Optimised` (column 1 of its node parameters).
+GREEDY, RATIO, DAMPING = 0, 1, 2
+
+
+def at_least(value: Any) -> float:
+    """The smallest float ``f`` with ``x >= f`` iff ``x >= value`` for every float ``x`` (an exact
+    threshold given as a ``Fraction``, compared as numpy compares floats with it).
+
+    >>> at_least(Fraction(1, 3)) > 1 / 3, at_least(0.25)
+    (True, 0.25)
+    """
+    rounded = float(value)
+    return float(np.nextafter(rounded, np.inf)) if Fraction(rounded) < value else rounded
+
+
+def top_mask(draft: torch.Tensor, count: int) -> torch.Tensor:
+    """Batched :func:`specsampling.schemes.greedy.top_tokens`: the ``count`` most probable tokens
+    with positive mass per row, ties to the lowest id (``[B, V]`` bool).
+
+    >>> top_mask(torch.tensor([[0.25, 0.5, 0.25, 0.0]]), 2).tolist()
+    [[True, True, False, False]]
+    """
+    order = torch.sort(-draft, dim=-1, stable=True).indices  # [B, V]
+    positive = (draft > 0).sum(-1, keepdim=True)  # [B, 1]
+    rank = torch.arange(draft.shape[-1], device=draft.device)  # [V]
+    chosen = rank[None, :] < torch.clamp(positive, max=count)  # [B, V] by rank
+    return torch.zeros_like(chosen).scatter(-1, order, chosen)  # [B, V]
+
+
+# --------------------------------------------------------------------------- policies
+class Policy(ABC):
+    """A lowered shaping policy: per node :meth:`at_node` resolves its parameters, then
+    :meth:`sub_target` gives :math:`a_k` at every stage (both sync-free)."""
+
+    #: Per-node parameter columns this policy reads from :meth:`node_parameters`.
+    num_parameters: ClassVar[int] = 0
+
+    def __init__(self, policy: Any) -> None:
+        self.reference = policy
+
+    def __repr__(self) -> str:
+        return f"<torch policy {self.reference!r}>"
+
+    def node_parameters(
+        self, batch: TreeBatch, target_probs: torch.Tensor, draft_probs: torch.Tensor
+    ) -> torch.Tensor:
+        """Per-node parameters, ``[B, N, num_parameters]`` (none by default)."""
+        return target_probs.new_zeros((*target_probs.shape[:2], self.num_parameters))
+
+    def at_node(
+        self,
+        target: torch.Tensor,  # [B, V]
+        draft: torch.Tensor,  # [B, V]
+        counts: torch.Tensor,  # [B]
+        max_count: int,
+        parameters: torch.Tensor,  # [B, num_parameters]
+    ) -> Any:
+        """What :meth:`sub_target` needs at this node (default: nothing)."""
+        return None
+
+    @abstractmethod
+    def sub_target(
+        self,
+        resolved: Any,
+        target: torch.Tensor,  # [B, V]
+        draft: torch.Tensor,  # [B, V]
+        current: torch.Tensor,  # [B, V]
+        proposal: torch.Tensor,  # [B, V]
+        index: int,
+        counts: torch.Tensor,  # [B]
+    ) -> torch.Tensor:
+        """:math:`a_k` for candidate ``index`` (from 1) of ``counts`` (``[B, V]``)."""
+
+
+class Greedy(Policy):
+    """:math:`a_k = t_k` (:class:`specsampling.schemes.resispec.Greedy`)."""
+
+    def sub_target(self, resolved, target, draft, current, proposal, index, counts):
+        return current  # [B, V]
+
+
+class ConstantRatio(Policy):
+    r""":math:`a_k = \min(t_k, q_k, p/\rho)`, :math:`\rho^*` batched when ``rho`` is ``None``."""
+
+    def __init__(self, policy: Any) -> None:
+        super().__init__(policy)
+        self.rho = None if policy.rho is None else float(policy.rho)
+
+    def at_node(self, target, draft, counts, max_count, parameters):
+        if self.rho is None:
+            return optimal_rho(target, draft, counts, max_count)  # [B]
+        return torch.full_like(target[:, 0], self.rho)  # [B]
+
+    def sub_target(self, resolved, target, draft, current, proposal, index, counts):
+        return ratio_sub_target(resolved, target, current, proposal)  # [B, V]
+
+
+def ratio_sub_target(
+    rho: torch.Tensor, target: torch.Tensor, current: torch.Tensor, proposal: torch.Tensor
+) -> torch.Tensor:
+    r""":math:`\min(\min(p/\rho, q_k), t_k)` in the reference's order (``[B, V]``)."""
+    return torch.minimum(torch.minimum(target / rho[:, None], proposal), current)  # [B, V]
+
+
+class ConfidenceDamping(Policy):
+    """:math:`a_k = s_k t_k` on the draft's high-confidence set for every candidate but the last
+    (:class:`specsampling.schemes.resispec.ConfidenceDamping`)."""
+
+    def __init__(self, policy: Any) -> None:
+        super().__init__(policy)
+        scales = policy.scale if isinstance(policy.scale, tuple) else (policy.scale,)
+        self.scales = tuple(float(s) for s in scales)
+        self.threshold = at_least(policy.threshold)
+        self.top = policy.top
+
+    def at_node(self, target, draft, counts, max_count, parameters):
+        if self.top is not None:
+            return top_mask(draft, self.top)  # [B, V]
+        return draft >= self.threshold  # [B, V]
+
+    def sub_target(self, resolved, target, draft, current, proposal, index, counts):
+        scale = self.scales[min(index, len(self.scales)) - 1]
+        damped = torch.where(resolved, scale * current, current)  # [B, V]
+        return torch.where((index >= counts)[:, None], current, damped)  # [B, V]
+
+
+class Optimised(Policy):
+    """The reference optimiser's per-node rule, resolved on the host (see the module docstring);
+    the resolved ``(kind, rho, scale, threshold)`` are applied batched."""
+
+    num_parameters = 4
+
+    def node_parameters(
+        self, batch: TreeBatch, target_probs: torch.Tensor, draft_probs: torch.Tensor
+    ) -> torch.Tensor:
+        """``[B, N, 4]``: the reference ``policy.at_node`` of every node with candidates, encoded
+        as ``(kind, rho, scale, threshold)``. Runs on the host: one synchronisation, a loop over
+        the nodes that have candidates (memoised by the reference per distinct node). Rows of
+        float32/bf16/fp16 tables are renormalised in float64 first."""
+        counts = (batch.candidates != PAD).sum(-1).cpu().numpy()  # [B, N]
+        target = target_probs.detach().cpu().to(torch.float64).numpy()  # [B, N, V]
+        draft = draft_probs.detach().cpu().to(torch.float64).numpy()  # [B, N, V]
+        if target_probs.dtype != torch.float64:
+            # Low-precision rows sum to 1 only roughly; the reference validates float64 masses.
+            target, draft = (
+                t / np.maximum(t.sum(-1, keepdims=True), 1e-300) for t in (target, draft)
+            )
+        out = np.zeros((*counts.shape, 4))  # [B, N, 4]
+        out[..., 1] = 1.0
+        for row, node in zip(*np.nonzero(counts), strict=True):
+            count = int(counts[row, node])
+            rule = self.reference.at_node(target[row, node], draft[row, node], count)
+            out[row, node] = encode(rule)
+        return torch.tensor(out, dtype=target_probs.dtype, device=target_probs.device)
+
+    def at_node(self, target, draft, counts, max_count, parameters):
+        kind, rho, scale, threshold = parameters.unbind(-1)  # [B] each
+        return kind, rho, scale, draft >= threshold[:, None]
+
+    def sub_target(self, resolved, target, draft, current, proposal, index, counts):
+        kind, rho, scale, mask = resolved
+        ratio = ratio_sub_target(rho, target, current, proposal)  # [B, V]
+        damp = mask & ((kind == DAMPING) & (index < counts))[:, None]  # [B, V]
+        damped = torch.where(damp, scale[:, None] * current, current)  # [B, V]
+        return torch.where((kind == RATIO)[:, None], ratio, damped)  # [B, V]
+
+
+def encode(rule: Any) -> tuple[float, float, float, float]:
+    """A resolved reference rule as ``(kind, rho, scale, threshold)``."""
+    if isinstance(rule, reference.Greedy):
+        return (GREEDY, 1.0, 1.0, 0.0)
+    if isinstance(rule, reference.ConstantRatio) and rule.rho is not None:
+        return (RATIO, float(rule.rho), 1.0, 0.0)
+    if (
+        isinstance(rule, reference.ConfidenceDamping)
+        and rule.top is None
+        and not isinstance(rule.scale, tuple)
+    ):
+        return (DAMPING, 1.0, float(rule.scale), at_least(rule.threshold))
+    raise NotImplementedError(f"resispec: cannot encode the resolved rule {rule!r}")
+
+
+#: Lowered policy class of each reference policy class.
+POLICIES: dict[type, type[Policy]] = {
+    reference.Greedy: Greedy,
+    reference.ConstantRatio: ConstantRatio,
+    reference.ConfidenceDamping: ConfidenceDamping,
+    reference.Optimised: Optimised,
+}
+
+
+def lower_policy(policy: Any) -> Policy:
+    """The lowered policy of a reference policy object.
+
+    >>> lower_policy(reference.Greedy())
+    <torch policy Greedy()>
+    """
+    return POLICIES[type(policy)](policy)
+
+
+# --------------------------------------------------------------------------- the scheme
+class ResiSpec(NodeLowering):
+    """The sub-target family per node, batched; exact on i.i.d. and without-replacement rows.
+
+    ``policy`` is a reference policy object (default: the registered scheme's, ``Optimised()``),
+    as for :class:`specsampling.schemes.resispec.ResiSpec`.
+    """
+
+    name = "resispec"
+
+    def __init__(self, policy: Any = None) -> None:
+        registered = ss.SCHEMES[self.name].policy
+        self.policy = lower_policy(registered if policy is None else policy)
+
+    def __repr__(self) -> str:
+        return f"<torch lowering {self.name!r} policy={self.policy.reference!r}>"
+
+    @property
+    def reference_scheme(self) -> reference.ResiSpec:
+        """The reference object with the same policy (the registered one for its policy)."""
+        registered = ss.SCHEMES[self.name]
+        assert isinstance(registered, reference.ResiSpec)
+        if registered.policy == self.policy.reference:
+            return registered
+        return reference.ResiSpec(self.policy.reference)
+
+    def walk(
+        self,
+        batch: TreeBatch,
+        target_probs: torch.Tensor,  # [B, N, V]
+        draft_probs: torch.Tensor,  # [B, N, V]
+        noise: Noise,  # [B, N] float64 each
+    ) -> Verified:
+        """The base walk with the row law and the policy's node parameters as extra draft
+        columns (``[B, N, V + 1 + P]``)."""
+        without = [law is DrawLaw.WITHOUT for law in batch.laws]
+        law = torch.tensor(without, dtype=draft_probs.dtype, device=draft_probs.device)  # [B]
+        law = law[:, None, None].expand(-1, draft_probs.shape[1], 1)  # [B, N, 1]
+        parameters = self.policy.node_parameters(batch, target_probs, draft_probs)  # [B, N, P]
+        extended = torch.cat([draft_probs, law, parameters], -1)  # [B, N, V + 1 + P]
+        return super().walk(batch, target_probs, extended, noise)
+
+    def reuse(self, u: torch.Tensor, accept: torch.Tensor) -> torch.Tensor:
+        """The uniform the next copy of a rejected token reads (``[B]``)."""
+        return reuse_uniform(u, accept)
+
+    def shaped_rest(
+        self, current: torch.Tensor, kept: torch.Tensor, token: torch.Tensor
+    ) -> torch.Tensor:
+        """:math:`t_k - m_k` (``[B, V]``; a mutant keeps the rejected token's mass)."""
+        return current - kept
+
+    def node_step(
+        self,
+        target: torch.Tensor,  # [B, V]
+        draft: torch.Tensor,  # [B, V + 1 + P]
+        candidate_tokens: torch.Tensor,  # [B, C]
+        candidate_valid: torch.Tensor,  # [B, C]
+        accept_uniforms: torch.Tensor,  # [B, C]
+    ) -> NodeStep:
+        vocab, num_slots = target.shape[-1], candidate_tokens.shape[1]
+        without = draft[:, vocab] > 0  # [B]
+        parameters, draft = draft[:, vocab + 1 :], draft[:, :vocab]  # [B, P], [B, V]
+        counts = candidate_valid.sum(-1)  # [B]
+        resolved = self.policy.at_node(target, draft, counts, num_slots, parameters)
+        current, proposal = target, draft  # [B, V] each
+        uniforms = accept_uniforms  # [B, C]
+        accepted = torch.full_like(counts, PAD)  # [B]
+        staging = candidate_valid[:, 0]  # [B] the plan reaches this slot
+        for slot in range(num_slots):
+            token = candidate_tokens[:, slot]  # [B]
+            staging = staging & candidate_valid[:, slot]  # [B]
+            sub = self.policy.sub_target(
+                resolved, target, draft, current, proposal, slot + 1, counts
+            )  # [B, V]
+            kept = torch.minimum(torch.minimum(sub.clamp_min(0), current), proposal)  # [B, V]
+            rest = self.shaped_rest(current, kept, token)  # [B, V]
+            mass = rest.sum(-1, keepdim=True)  # [B, 1]
+            kept_x = ops.gather_tokens(kept, token)  # [B]
+            proposal_x = ops.gather_tokens(proposal, token)  # [B]
+            u = uniforms[:, slot]  # [B]
+            testing = staging & (accepted == PAD)  # [B]
+            passes = self.accepts(u, kept_x, proposal_x)  # [B]
+            accepted = torch.where(testing & passes, slot, accepted)
+            rejected = testing & ~passes  # [B]
+            reused = self.reuse(u, accept_probability(kept_x, proposal_x))  # [B]
+            copies = rejected[:, None] & later_copies(candidate_tokens, slot)  # [B, C]
+            uniforms = torch.where(copies, reused[:, None], uniforms)  # [B, C]
+            goes_on = staging & (mass[:, 0] > 0)  # [B]
+            safe_mass = torch.where(mass > 0, mass, torch.ones_like(mass))  # [B, 1]
+            current = torch.where(goes_on[:, None], rest / safe_mass, current)  # [B, V]
+            removed = ops.remove_token(proposal, token)  # [B, V]
+            proposal = torch.where((goes_on & without)[:, None], removed, proposal)  # [B, V]
+            staging = goes_on
+        return NodeStep(accepted, current)
+
+
+LOWERING = ResiSpec()
+LOWERINGS = (LOWERING,)

@@ -1,0 +1,349 @@
+"""Path-wise equality of the SpecTr and ResiSpec lowerings (every ResiSpec policy) with their
+numpy references, the duplicate-candidate uniform reuse rule, the per-row draw law, and mutants
+that the comparison must catch (issue 10, sections 3 and 5)."""
+
+from __future__ import annotations
+
+import inspect
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import specsampling as ss
+from proofs_tests.catalogue import LAW_SHAPES
+from proofs_tests.strategies import model_pairs
+from specsampling import gpu as ssg
+from specsampling.gpu.schemes import resispec as lowered
+from specsampling.gpu.schemes import spectr as lowered_spectr
+from specsampling.noise import LARGEST_BELOW_ONE
+from specsampling.schemes import resispec as reference
+from specsampling.schemes import tables
+from specsampling.schemes.greedy import top_tokens
+from specsampling.schemes.spectr import optimal_rho
+
+DEEPER = (
+    ss.Shape.chain(5),
+    ss.Shape.star(4),
+    ss.Shape.star(4, replacement=False),
+    ss.Shape.paths(3, 3),
+    ss.Shape.branching((3, 2)),
+    ss.Shape.branching((2, 2), replacement=True),
+    ss.Shape.branching((1, 1, 1)),
+    ss.Shape.delayed(3, trunk=2, branch=2),
+    ss.Shape.star(5),
+    ss.Shape.greedy((1, 1)),
+)
+SHAPES = LAW_SHAPES + DEEPER
+#: Every ResiSpec policy family, with non-default parameters too (each against its own reference).
+POLICIES = [
+    reference.Optimised(),
+    reference.Optimised(steps=7, max_thresholds=2),
+    reference.Greedy(),
+    reference.ConstantRatio(),
+    reference.ConstantRatio(rho=1.25),
+    reference.ConfidenceDamping(),
+    reference.ConfidenceDamping(scale=(0.25, 0.75), threshold=Fraction(1, 3)),
+    reference.ConfidenceDamping(scale=0.4, top=1),
+]
+LOWERINGS = [lowered_spectr.SpecTr()] + [lowered.ResiSpec(policy) for policy in POLICIES]
+Round = tuple[ss.DraftTree, np.ndarray, np.ndarray, ss.Noise]
+
+
+def label(lowering: Any) -> str:
+    policy = getattr(lowering, "policy", None)
+    return lowering.name if policy is None else f"{lowering.name}-{policy.reference!r}"
+
+
+def supported(lowering: Any) -> list[ss.Shape]:
+    return [shape for shape in SHAPES if lowering.reference_scheme.supports(shape)]
+
+
+def mixed_rounds(lowering: Any, pair: Any, seed: int) -> list[Round]:
+    """Every supported shape drafted twice, each with random, zero and largest-below-one noise."""
+    rng = np.random.default_rng(seed)
+    rounds: list[Round] = []
+    for shape in supported(lowering) * 2:
+        tree = shape.draft(pair, rng)
+        target, draft = tables(pair, tree)
+        for noise in (
+            ss.Noise.draw(rng, tree.num_nodes),
+            ss.Noise.constant(0.0, tree.num_nodes),
+            ss.Noise.constant(LARGEST_BELOW_ONE, tree.num_nodes),
+        ):
+            rounds.append((tree, target, draft, noise))
+    return [rounds[i] for i in rng.permutation(len(rounds))]
+
+
+def mismatches(lowering: Any, rounds: list[Round], device: str = "cpu") -> list:
+    """Rows whose lowered verdict or emitted tokens differ from ``lowering.reference_scheme``'s."""
+    batch = ssg.TreeBatch.from_trees([r[0] for r in rounds], device=device)
+    target, draft = ssg.tables_batch([r[1] for r in rounds], [r[2] for r in rounds], device=device)
+    noise = ssg.Noise.from_reference([r[3] for r in rounds], device=device)
+    out = ssg.verify(lowering, batch, target, draft, noise)
+    got = list(zip(out.node.tolist(), out.token.tolist(), strict=True))
+    tokens, counts = out.tokens.tolist(), out.num_emitted.tolist()
+    scheme = lowering.reference_scheme
+    bad = []
+    for row, (tree, t, d, n) in enumerate(rounds):
+        expected = tuple(scheme.verify(tree, t, d, n))
+        path = (*tree.prefix(expected[0]), expected[1])
+        if got[row] != expected or tuple(tokens[row][: counts[row]]) != path:
+            bad.append((row, tree, got[row], expected))
+    return bad
+
+
+def has_duplicates(rounds: list[Round]) -> bool:
+    return any(len(set(c)) < len(c) for r in rounds for c in r[0].candidates)
+
+
+# --------------------------------------------------------------------------- path-wise equality
+@pytest.mark.parametrize("lowering", LOWERINGS, ids=label)
+@pytest.mark.parametrize("vocab", [2, 3, 6])
+def test_pathwise_mixed_batches(lowering: Any, vocab: int) -> None:
+    for pair_seed in range(2):
+        rounds = mixed_rounds(lowering, ss.pairs.Random(vocab, seed=pair_seed), pair_seed)
+        assert mismatches(lowering, rounds) == []
+    if vocab <= 3:
+        assert has_duplicates(rounds)  # the reuse rule was exercised
+
+
+@st.composite
+def hypothesis_rounds(draw: Any, lowering: Any) -> list[Round]:
+    """Rounds over a drawn pair (zeros, one-hot, p == q, disjoint supports) at vocab 2-3, so the
+    i.i.d. stars hold duplicates, with drawn and boundary uniforms (0, largest below one)."""
+    shapes = supported(lowering)
+    vocab = draw(st.integers(2, 3))
+    pair = draw(model_pairs(vocab, max(s.depth for s in shapes)))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    uniform = st.one_of(
+        st.sampled_from([0.0, LARGEST_BELOW_ONE]),
+        st.floats(0.0, 1.0, exclude_max=True, allow_nan=False),
+    )
+    rounds = []
+    for shape in draw(st.lists(st.sampled_from(shapes), min_size=1, max_size=6)):
+        tree = shape.draft(pair, rng)
+        lanes = st.lists(uniform, min_size=tree.num_nodes, max_size=tree.num_nodes)
+        noise = ss.Noise.checked(draw(lanes), draw(lanes), tree.num_nodes)
+        rounds.append((tree, *tables(pair, tree), noise))
+    return rounds
+
+
+@pytest.mark.parametrize("lowering", LOWERINGS[:5], ids=label)
+def test_pathwise_hypothesis(lowering: Any) -> None:
+    @settings(max_examples=40, deadline=None)
+    @given(hypothesis_rounds(lowering))
+    def check(rounds: list[Round]) -> None:
+        assert mismatches(lowering, rounds) == []
+
+    check()
+
+
+def test_duplicate_reuse_is_what_decides() -> None:
+    """A hand-made i.i.d. star ``x, x`` under damping by 1/2: the first copy (acceptance 1/4) is
+    rejected at ``u = 0.6``, the second (acceptance 1/2) accepted only through the rescaled
+    uniform ``(0.6 - 1/4) / (3/4)``; reading ``0.6`` again rejects it."""
+    target, draft = np.array([0.25, 0.75]), np.array([0.5, 0.5])
+    tree = ss.DraftTree.from_draws([(0, 0), (0, 0)], law="iid")
+    noise = ss.Noise(np.array([0.0, 0.6]), np.array([0.9, 0.9]))
+    rounds = [(tree, np.stack([target, target]), np.stack([draft, draft]), noise)]
+    damping = lowered.ResiSpec(reference.ConfidenceDamping())
+    assert tuple(damping.reference_scheme.verify(*rounds[0])) == (1, 1)
+    for lowering in (damping, lowered.ResiSpec(), lowered_spectr.SpecTr()):
+        assert mismatches(lowering, rounds) == []
+    assert mismatches(NoReuseResiSpec(reference.ConfidenceDamping()), rounds) != []
+
+
+def test_the_law_is_per_row() -> None:
+    """The same trees as i.i.d. and as without-replacement rows in one batch: each row gets its
+    own law's reference verdict, and the two laws disagree on some rows."""
+    pair, rng = ss.pairs.Random(5, seed=1), np.random.default_rng(1)
+    rounds = []
+    for _ in range(30):
+        tree = ss.Shape.star(3, replacement=False).draft(pair, rng)
+        target, draft = tables(pair, tree)
+        noise = ss.Noise.draw(rng, tree.num_nodes)
+        rounds += [(tree.with_law(law), target, draft, noise) for law in ("iid", "without")]
+    for policy in (reference.Greedy(), reference.Optimised()):
+        lowering = lowered.ResiSpec(policy)
+        assert mismatches(lowering, rounds) == []
+        verdicts = [tuple(lowering.reference_scheme.verify(*r)) for r in rounds]
+        assert verdicts[0::2] != verdicts[1::2]
+
+
+def test_fraction_threshold_compares_exactly() -> None:
+    """``q = float(1/3) < Fraction(1, 3)``: not damped by the reference, nor by the lowering."""
+    third = np.full(3, 1 / 3)
+    target = np.array([0.5, 0.3, 0.2])
+    tree = ss.DraftTree.from_draws([(0, 0), (0, 1)], law="iid")
+    rounds = [
+        (tree, np.stack([target] * 3), np.stack([third] * 3), ss.Noise.constant(u, 3))
+        for u in np.linspace(0, 0.99, 12)
+    ]
+    exact = reference.ConfidenceDamping(scale=0.0, threshold=Fraction(1, 3))
+    rounded = reference.ConfidenceDamping(scale=0.0, threshold=1 / 3)
+    for policy in (exact, rounded):
+        assert mismatches(lowered.ResiSpec(policy), rounds) == []
+    verdicts = {
+        p: [tuple(reference.ResiSpec(p).verify(*r)) for r in rounds] for p in (exact, rounded)
+    }
+    assert verdicts[exact] != verdicts[rounded]
+
+
+# --------------------------------------------------------------------------- pieces
+def test_batched_rho_matches_the_reference() -> None:
+    rng = np.random.default_rng(0)
+    rows = rng.dirichlet(np.ones(5), size=(2, 40))
+    rows[rng.random(rows.shape) < 0.3] = 0.0
+    rows[..., 0] += 0.05
+    rows /= rows.sum(-1, keepdims=True)
+    rows[1, :5] = rows[0, :5]  # p == q
+    counts = rng.integers(1, 6, 40)
+    got = lowered_spectr.optimal_rho(
+        torch.tensor(rows[0]), torch.tensor(rows[1]), torch.tensor(counts), 5
+    ).tolist()
+    expected = [optimal_rho(p, q, int(k)) for p, q, k in zip(rows[0], rows[1], counts, strict=True)]
+    assert max(abs(g - e) for g, e in zip(got, expected, strict=True)) <= 2.0**-40
+    assert sum(g == e for g, e in zip(got, expected, strict=True)) >= 38
+    assert {e for e, k in zip(expected, counts, strict=True) if k == 1} == {1.0}
+
+
+def test_top_mask_matches_top_tokens_with_ties() -> None:
+    rng = np.random.default_rng(1)
+    rows = rng.integers(0, 3, size=(50, 6)) / 4.0  # many ties and zeros
+    for count in (1, 2, 4):
+        got = lowered.top_mask(torch.tensor(rows), count).numpy()
+        assert (got == np.stack([top_tokens(row, count) for row in rows])).all()
+
+
+def test_optimised_parameters_are_the_reference_choice() -> None:
+    """The encoded per-node rule is the reference optimiser's pick (a damping at this node)."""
+    target, draft = np.array([1 / 2, 1 / 3, 1 / 6]), np.full(3, 1 / 3)
+    tree = ss.DraftTree.from_draws([(0, 0), (0, 1)], law="iid")
+    batch = ssg.TreeBatch.from_trees([tree])
+    tabs = [torch.tensor(np.stack([a] * 3))[None] for a in (target, draft)]
+    params = lowered.ResiSpec().policy.node_parameters(batch, *tabs)
+    choice = reference.optimise(target, draft, 2).policy
+    assert isinstance(choice, reference.ConfidenceDamping)
+    assert params[0, 0].tolist() == [lowered.DAMPING, 1.0, choice.scale, choice.threshold]
+    assert (params[0, 1:] == torch.tensor([0.0, 1.0, 0.0, 0.0], dtype=params.dtype)).all()
+
+
+def test_registered_lowering_mirrors_the_registered_reference() -> None:
+    registered = ssg.SCHEMES["resispec"]
+    assert isinstance(registered, lowered.ResiSpec)
+    assert registered.reference_scheme is ss.SCHEMES["resispec"]
+    assert registered.policy.reference == ss.SCHEMES["resispec"].policy
+    assert isinstance(registered.policy, lowered.Optimised)
+    assert isinstance(ssg.SCHEMES["spectr"], lowered_spectr.SpecTr)
+    other = lowered.ResiSpec(reference.Greedy())
+    assert other.reference_scheme.policy == reference.Greedy()
+
+
+def test_policy_methods_never_synchronise() -> None:
+    """The lowered policies' per-node methods and the shared pieces are sync-free
+    (``Optimised.node_parameters`` is the documented host step, outside the walk's hot path)."""
+    functions: list[Any] = [
+        lowered_spectr.optimal_rho,
+        lowered_spectr.gamma,
+        lowered_spectr.rejection,
+        lowered_spectr.residual,
+        lowered_spectr.reuse_uniform,
+        lowered_spectr.accept_probability,
+        lowered_spectr.later_copies,
+        lowered.top_mask,
+        lowered.ratio_sub_target,
+        lowered.ResiSpec.walk,
+        lowered.ResiSpec.node_step,
+        lowered_spectr.SpecTr.node_step,
+    ]
+    for cls in lowered.POLICIES.values():
+        functions += [cls.at_node, cls.sub_target]
+    for function in functions:
+        body = inspect.getsource(function).split('"""')[-1]
+        for forbidden in (".item(", ".tolist(", "bool(", "int(", "float(", ".nonzero(", ".cpu("):
+            assert forbidden not in body, (function.__qualname__, forbidden)
+
+
+@pytest.mark.cuda
+def test_pathwise_on_device() -> None:
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    for lowering in LOWERINGS:
+        rounds = mixed_rounds(lowering, ss.pairs.Random(5, seed=4), 4)
+        assert mismatches(lowering, rounds, device=device) == []
+
+
+# --------------------------------------------------------------------------- mutants
+class NoReuseSpecTr(lowered_spectr.SpecTr):
+    """A duplicate reads the rejected copy's uniform again instead of the rescaled one."""
+
+    def reuse(self, u: torch.Tensor, accept: torch.Tensor) -> torch.Tensor:
+        return u
+
+
+class ResidualNotZeroedSpecTr(lowered_spectr.SpecTr):
+    """The stop distribution keeps the full target mass of the rejected candidates."""
+
+    def stop_probs(self, target, draft, rho, counts, candidate_tokens, candidate_valid):
+        probs = super().stop_probs(target, draft, rho, counts, candidate_tokens, candidate_valid)
+        kept = target.gather(-1, candidate_tokens)  # [B, C]
+        kept = torch.where(candidate_valid, kept, probs.gather(-1, candidate_tokens))
+        return probs.scatter(-1, candidate_tokens, kept)
+
+
+class NoReuseResiSpec(lowered.ResiSpec):
+    def reuse(self, u: torch.Tensor, accept: torch.Tensor) -> torch.Tensor:
+        return u
+
+
+class ResidualNotZeroedResiSpec(lowered.ResiSpec):
+    """The shaped residual keeps the rejected candidate's current mass."""
+
+    def shaped_rest(self, current, kept, token):
+        rest = current - kept  # [B, V]
+        return rest.scatter(-1, token[:, None], current.gather(-1, token[:, None]))
+
+
+class DampLastToo(lowered.ConfidenceDamping):
+    """Damping applied to the last candidate too (the contract says it must not be)."""
+
+    def sub_target(self, resolved, target, draft, current, proposal, index, counts):
+        return torch.where(resolved, self.scales[0] * current, current)
+
+
+class OptimisedAsGreedy(lowered.Optimised):
+    """The host-resolved rule ignored: greedy at every node."""
+
+    def sub_target(self, resolved, target, draft, current, proposal, index, counts):
+        return current
+
+
+def with_policy(policy: lowered.Policy) -> lowered.ResiSpec:
+    lowering = lowered.ResiSpec(policy.reference)
+    lowering.policy = policy
+    return lowering
+
+
+MUTANTS = [
+    NoReuseSpecTr(),
+    ResidualNotZeroedSpecTr(),
+    NoReuseResiSpec(reference.ConfidenceDamping()),
+    NoReuseResiSpec(reference.ConstantRatio()),
+    ResidualNotZeroedResiSpec(),
+    with_policy(DampLastToo(reference.ConfidenceDamping())),
+    with_policy(OptimisedAsGreedy(reference.Optimised())),
+]
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: type(m).__name__ + "-" + label(m))
+def test_mutants_are_caught(mutant: Any) -> None:
+    found = 0
+    for vocab in (2, 3):
+        for pair_seed in range(8):
+            pair = ss.pairs.Random(vocab, seed=pair_seed)
+            found += len(mismatches(mutant, mixed_rounds(mutant, pair, pair_seed)))
+    assert found > 0, f"the path-wise test passes the mutant {type(mutant).__name__}"
