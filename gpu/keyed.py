@@ -19,18 +19,16 @@ Every function mirrors the reference of the same name and returns the same bits 
   and CUDA. ``torch.log1p`` is not used: it is Sleef on CPU and CUDA's own on GPU, and each
   differs from numpy in the last bit for a few percent of the uniforms.
 
-  **The reference's exponentials are not portable.** It calls ``np.log1p``, which is numpy's
-  AVX512 (SVML) loop on AVX512 hosts and the C library's ``log1p`` otherwise; glibc's is the
-  fdlibm algorithm, built with FMA contraction on hosts with FMA (x86_64 ifunc) and on aarch64,
-  without it elsewhere. These differ from each other in the last bit (about 7 %, resp. 0.05 %,
-  of the field's uniforms), so no lowering can equal "the reference" on every host. This one
-  is the un-fused fdlibm evaluation, reproducible with numpy basic operations (the tests hold
-  such a numpy twin); it is within one ulp of every variant, and bit-identical to the reference
-  once the reference computes ``E`` with the same portable ``log1p``.
-* :func:`race_winner` is the reference's log-domain race. Its scores use ``torch.log``, so the
-  winner equals the reference winner except where two scores lie within the logs' rounding
-  (about one ulp) of each other; exact ties (equal ``(E, p)`` pairs, or ``E = 0``) and
-  ``p = 0`` behave exactly as in the reference.
+  The reference (:func:`specsampling.keyed.field.exponentials`) computes ``E`` with its own
+  portable :func:`specsampling.keyed.field.log1p`, the same steps in numpy: the exponentials
+  are bit-identical in both backends (``np.log1p`` would not be: numpy's AVX512 loop, glibc
+  with and without FMA differ in the last bit for about 7 % of the field's uniforms).
+* :func:`race_winner` is the reference's log-domain race ``log E - log p``, with ``log`` the
+  portable :func:`log` (the twin of :func:`specsampling.keyed.field.log`): the same bits on CPU
+  and CUDA. The reference race (:mod:`specsampling.keyed.laws`) still calls ``np.log``, within
+  one ulp of it, so the winners agree except where two scores lie within that rounding of each
+  other; exact ties (equal ``(E, p)`` pairs, or ``E = 0``) and ``p = 0`` behave exactly as in
+  the reference.
 
 Design choice: there is no second ``KeyedNoise`` class. :func:`context_words` and
 :func:`exponentials_after` take the reference :class:`specsampling.keyed.KeyedNoise` (one
@@ -44,8 +42,7 @@ and return one context word, or one ``[rows, vocab_size]`` grid of exponentials,
 >>> out = exponentials_after(noise, [seq], rows=2, vocab_size=6)
 >>> out.shape, out.dtype
 (torch.Size([1, 2, 6]), torch.float64)
->>> ulps = (out[0].numpy().view(np.int64) - ref.view(np.int64))  # see the note on log1p
->>> bool(np.abs(ulps).max() <= 1)
+>>> bool((out[0].numpy().view(np.int64) == ref.view(np.int64)).all())  # bit for bit
 True
 """
 
@@ -70,6 +67,7 @@ __all__ = [
     "exponentials",
     "exponentials_after",
     "hash_bits",
+    "log",
     "log1p",
     "logical_shift",
     "mix",
@@ -285,22 +283,11 @@ def uniforms(key: Any, context: Any, row: Any, tokens: Any) -> torch.Tensor:
     return to_unit(hash_bits(key, context, row, tokens))
 
 
-# fdlibm / glibc s_log1p.c constants (hex in comments).
-_LN2_HI = 6.93147180369123816490e-01  # 3fe62e42 fee00000
-_LN2_LO = 1.90821492927058770002e-10  # 3dea39ef 35793c76
-_LP = (
-    6.666666666666735130e-01,  # 3FE55555 55555593
-    3.999999999940941908e-01,  # 3FD99999 9997FA04
-    2.857142874366239149e-01,  # 3FD24924 94229359
-    2.222219843214978396e-01,  # 3FCC71C5 1D8E78AF
-    1.818357216161805012e-01,  # 3FC74664 96CB03DE
-    1.531383769920937332e-01,  # 3FC39A09 D078C69F
-    1.479819860511658591e-01,  # 3FC2F112 DF3E5244
-)
-
-
-#: ``(int32) 0xbfd2bec3``: glibc's bound of the ``k = 0`` case for negative ``x``.
-_K0_THRESHOLD = 0xBFD2BEC3 - (1 << 32)
+# fdlibm / glibc s_log1p.c constants: the reference field's, so both backends share them.
+_LN2_HI = _ref._LN2_HI
+_LN2_LO = _ref._LN2_LO
+_LP = _ref._LP
+_K0_THRESHOLD = _ref._K0_THRESHOLD
 
 
 def _high(x: torch.Tensor) -> torch.Tensor:
@@ -385,6 +372,39 @@ def log1p(x: torch.Tensor) -> torch.Tensor:
     # |x| < 2**-29: x - x*x/2; |x| < 2**-54: x itself (signed zero kept).
     out = torch.where(ax < 0x3E200000, x - x * x * 0.5, out)
     return torch.where(ax < 0x3C900000, x, out)
+
+
+def log(x: torch.Tensor) -> torch.Tensor:
+    """``log(x)`` in float64 for ``x >= 0``, bit for bit with :func:`specsampling.keyed.field.log`.
+
+    ``x = 2**k m`` with ``m`` in ``[sqrt(2)/2, sqrt(2))`` from the bits (subnormals scaled by
+    ``2**54``), ``log x = k ln2_hi + (log1p(m - 1) + k ln2_lo)`` with :func:`log1p`: correctly
+    rounded operations and bit moves only, the same bits on every device. ``log(0) = -inf``,
+    ``log(inf) = inf``, negative or NaN inputs give NaN.
+
+    Examples
+    --------
+    >>> xs = torch.tensor([1.0, 2.0, 0.0, 5e-324, 0.3], dtype=torch.float64)
+    >>> log(xs).numpy().tolist() == _ref.log(xs.numpy()).tolist()
+    True
+    """
+    x = x.to(torch.float64)
+    subnormal = x < 2.0**-1022
+    scaled = torch.where(subnormal, x * _ref._TWO54, x)
+    hx = _high(scaled)
+    k = (hx >> 20) - 1023
+    hm = hx & 0x000FFFFF
+    low_half = hm < 0x6A09E
+    m = torch.where(
+        low_half, _with_high(scaled, hm | 0x3FF00000), _with_high(scaled, hm | 0x3FE00000)
+    )
+    k = torch.where(low_half, k, k + 1)
+    k = torch.where(subnormal, k - 54, k)
+    kf = k.to(torch.float64)
+    out = kf * _LN2_HI + (log1p(m - 1.0) + kf * _LN2_LO)
+    out = torch.where(x == float("inf"), torch.full_like(out, float("inf")), out)
+    out = torch.where(x == 0, torch.full_like(out, float("-inf")), out)
+    return torch.where((x < 0) | torch.isnan(x), torch.full_like(out, float("nan")), out)
 
 
 def exponentials(key: Any, context: Any, row: Any, tokens: Any) -> torch.Tensor:
@@ -589,9 +609,10 @@ def exponentials_after(
 def race_winner(proposal: torch.Tensor, exps: torch.Tensor) -> torch.Tensor:
     """The exponential race ``argmin_{proposal_z > 0} E_z / proposal_z``, batched, log domain.
 
-    Scores are ``log E - log p`` in float64, ``+inf`` where ``p = 0`` (never selected), and the
-    lowest index wins ties, as in :func:`specsampling.keyed.laws.race_winner`. ``E = 0`` scores
-    ``-inf`` (wins, lowest such index first). Inputs are not validated (no host sync): ``exps``
+    Scores are ``log E - log p`` in float64 (the portable :func:`log`), ``+inf`` where
+    ``p = 0`` (never selected), and the lowest index wins ties, as in
+    :func:`specsampling.keyed.laws.race_winner`. ``E = 0`` scores ``-inf`` (wins, lowest such
+    index first). Inputs are not validated (no host sync): ``exps``
     must be non-negative and free of NaN, ``proposal`` a distribution per row.
 
     Parameters
@@ -614,6 +635,6 @@ def race_winner(proposal: torch.Tensor, exps: torch.Tensor) -> torch.Tensor:
     """
     p = proposal.to(torch.float64)
     e = exps.to(torch.float64)
-    scores = torch.log(e) - torch.log(p)
+    scores = log(e) - log(p)
     scores = torch.where(p == 0, torch.full_like(scores, float("inf")), scores)
     return torch.argmin(scores, dim=-1)

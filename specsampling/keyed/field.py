@@ -17,6 +17,9 @@ splitmix64 finaliser (a bijection of 64-bit words with full avalanche). The top 
 ``U = (h >> 11) / 2**53`` in ``[0, 1 - 2**-53]``: float64 always, never exactly one (peer bug B9).
 Exponentials are ``E = -log1p(-U)``, never ``-log(U)``: ``U = 0`` gives ``E = 0`` and the largest
 ``U`` gives the finite ``53 ln 2``.
+``log1p`` is the field's own portable :func:`log1p` (un-fused fdlibm steps), not ``np.log1p``,
+whose last bit depends on the host: the exponentials are the same bits on every host and in the
+torch lowering (:mod:`specsampling.gpu.keyed`). :func:`log` is the matching portable ``log``.
 
 The hash is statistically strong (the tests check uniformity and independence) but it is not a
 cryptographic PRF: a watermark meant to resist an adversary who studies outputs should swap in a
@@ -65,16 +68,27 @@ def _mix(x: Words) -> Words:
 
 
 def _words(value: Any, name: str) -> Words:
-    """Validate integers in ``[0, 2**64)`` and return them as a uint64 array."""
-    arr = np.asarray(value)
+    """Validate integers in ``[0, 2**64)`` and return them as a uint64 array.
+
+    Python ints (and lists of them) are read exactly, whatever their mix of sizes: numpy would
+    turn ``[1, 2**63]`` into float64, so they go through an object array.
+
+    >>> _words([1, 2**63, 2**64 - 1], "words").tolist() == [1, 2**63, 2**64 - 1]
+    True
+    """
+    arr = value if isinstance(value, (np.ndarray, np.generic)) else np.array(value, dtype=object)
+    arr = np.asarray(arr)
     if arr.dtype == np.uint64:
         return arr.astype(np.uint64)
     if arr.dtype == object or arr.dtype.kind not in "iub":
-        if not all(isinstance(v, (int, np.integer)) for v in np.ravel(arr)):
+        flat = np.ravel(arr)
+        if any(isinstance(v, (bool, np.bool_)) for v in flat):
+            raise ValueError(f"{name}: expected integers, got booleans")
+        if not all(isinstance(v, (int, np.integer)) for v in flat):
             raise ValueError(f"{name}: expected integers, got {value!r}")
-        if any(not 0 <= int(v) <= _MASK for v in np.ravel(arr)):
+        if any(not 0 <= int(v) <= _MASK for v in flat):
             raise ValueError(f"{name}: integers must lie in [0, 2**64)")
-        return np.array([int(v) for v in np.ravel(arr)], dtype=np.uint64).reshape(arr.shape)
+        return np.array([int(v) for v in flat], dtype=np.uint64).reshape(arr.shape)
     if arr.dtype.kind == "b":
         raise ValueError(f"{name}: expected integers, got booleans")
     if arr.size and int(arr.min()) < 0:
@@ -135,17 +149,160 @@ def uniforms(key: int, context: Any, row: Any, tokens: Any) -> npt.NDArray[np.fl
     return to_unit(hash_bits(key, context, row, tokens))
 
 
+# fdlibm / glibc ``s_log1p.c`` constants (hex in comments).
+_LN2_HI = 6.93147180369123816490e-01  # 3fe62e42 fee00000
+_LN2_LO = 1.90821492927058770002e-10  # 3dea39ef 35793c76
+_LP = (
+    6.666666666666735130e-01,  # 3FE55555 55555593
+    3.999999999940941908e-01,  # 3FD99999 9997FA04
+    2.857142874366239149e-01,  # 3FD24924 94229359
+    2.222219843214978396e-01,  # 3FCC71C5 1D8E78AF
+    1.818357216161805012e-01,  # 3FC74664 96CB03DE
+    1.531383769920937332e-01,  # 3FC39A09 D078C69F
+    1.479819860511658591e-01,  # 3FC2F112 DF3E5244
+)
+#: ``(int32) 0xbfd2bec3``: glibc's bound of the ``k = 0`` case for negative ``x``.
+_K0_THRESHOLD = 0xBFD2BEC3 - (1 << 32)
+_TWO54 = 2.0**54
+
+
+def _high(x: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
+    """The high 32-bit word of float64 values, as a signed int32 value held in int64."""
+    out: npt.NDArray[np.int64] = x.view(np.int64) >> 32
+    return out
+
+
+def _with_high(x: npt.NDArray[np.float64], high: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+    """``x`` with its high 32-bit word replaced by ``high`` (low word kept)."""
+    out: npt.NDArray[np.float64] = ((high << 32) | (x.view(np.int64) & 0xFFFFFFFF)).view(np.float64)
+    return out
+
+
+def log1p(x: Any) -> npt.NDArray[np.float64]:
+    """``log(1 + x)`` in float64 for ``-1 < x < 2**53``, the same bits on every host.
+
+    The fdlibm algorithm of ``s_log1p.c`` with glibc's order of the polynomial, vectorised
+    (every branch is computed and the right one selected) and evaluated *without* fused
+    multiply-adds: each step is one correctly rounded IEEE-754 operation, so the result does not
+    depend on the host, its SIMD width, its C library or FMA contraction. ``np.log1p`` does:
+    numpy's AVX512 loop, glibc with and without FMA differ in the last bit for a few percent of
+    the field's uniforms. The torch lowering (:func:`specsampling.gpu.keyed.log1p`) runs the same
+    steps and gets the same bits on CPU and CUDA. Error below one ulp.
+
+    Parameters
+    ----------
+    x : array_like of float
+        Values in ``(-1, 2**53)``; the field uses ``x = -U`` in ``(-1, 0]``.
+
+    Returns
+    -------
+    ndarray of float64, the shape of ``x``
+
+    Examples
+    --------
+    >>> xs = [-0.0, -2.0**-53, -0.25, -0.5, -(1 - 2.0**-53)]
+    >>> [float(v).hex() for v in log1p(xs)]  # doctest: +NORMALIZE_WHITESPACE
+    ['-0x0.0p+0', '-0x1.0000000000000p-53', '-0x1.269621134db92p-2', '-0x1.62e42fefa39efp-1',
+     '-0x1.25e4f7b2737fap+5']
+    """
+    shape = np.shape(x)
+    x = np.atleast_1d(np.array(x, dtype=np.float64))
+    with np.errstate(all="ignore"):
+        hx = _high(x)  # signed: negative for x < 0 (and for -0.0)
+        ax = hx & 0x7FFFFFFF
+        # -0.2929 < x < 0.41422: k = 0 and f = x; otherwise reduce u = 1 + x = 2**k (1 + f).
+        reduce = (hx >= 0x3FDA827A) | ((hx <= 0) & (hx > _K0_THRESHOLD))
+        u = 1.0 + x
+        hu = _high(u)
+        k = (hu >> 20) - 1023
+        c = np.where(k > 0, 1.0 - (u - x), x - (u - 1.0)) / u
+        hu = hu & 0x000FFFFF
+        low_half = hu < 0x6A09E
+        u = np.where(low_half, _with_high(u, hu | 0x3FF00000), _with_high(u, hu | 0x3FE00000))
+        k = np.where(low_half, k, k + 1)
+        hu = np.where(low_half, hu, (0x00100000 - hu) >> 2)
+        f = np.where(reduce, u - 1.0, x)
+        kf = np.where(reduce, k, 0).astype(np.float64)
+        c = np.where(reduce, c, 0.0)
+        hu = np.where(reduce, hu, 1)
+        hfsq = 0.5 * f * f
+        # |f| < 2**-20 after the reduction (hu == 0).
+        tiny_zero = np.where(kf == 0, 0.0, kf * _LN2_HI + (c + kf * _LN2_LO))
+        r_tiny = hfsq * (1.0 - 0.66666666666666666 * f)
+        tiny = np.where(kf == 0, f - r_tiny, kf * _LN2_HI - ((r_tiny - (kf * _LN2_LO + c)) - f))
+        tiny = np.where(f == 0, tiny_zero, tiny)
+        # The general case.
+        s = f / (2.0 + f)
+        z = s * s
+        r1 = z * _LP[0]
+        z2 = z * z
+        r2 = _LP[1] + z * _LP[2]
+        z4 = z2 * z2
+        r3 = _LP[3] + z * _LP[4]
+        z6 = z4 * z2
+        r4 = _LP[5] + z * _LP[6]
+        r = r1 + z2 * r2 + z4 * r3 + z6 * r4
+        general = np.where(
+            kf == 0,
+            f - (hfsq - s * (hfsq + r)),
+            kf * _LN2_HI - ((hfsq - (s * (hfsq + r) + (kf * _LN2_LO + c))) - f),
+        )
+        out = np.where(hu == 0, tiny, general)
+        # |x| < 2**-29: x - x*x/2; |x| < 2**-54: x itself (signed zero kept).
+        out = np.where(ax < 0x3E200000, x - x * x * 0.5, out)
+        result: npt.NDArray[np.float64] = np.where(ax < 0x3C900000, x, out).reshape(shape)
+    return result
+
+
+def log(x: Any) -> npt.NDArray[np.float64]:
+    """``log(x)`` in float64 for ``x >= 0``, the same bits on every host (``log(0) = -inf``).
+
+    ``x = 2**k m`` with ``m`` in ``[sqrt(2)/2, sqrt(2))`` read from the bits (subnormals scaled
+    by ``2**54`` first), then ``log x = k ln2_hi + (log1p(m - 1) + k ln2_lo)`` with the portable
+    :func:`log1p`; ``m - 1`` is exact (Sterbenz) and ``k ln2_hi`` is exact, so the error stays
+    near one ulp. Only correctly rounded operations and bit moves: the torch lowering
+    (:func:`specsampling.gpu.keyed.log`) runs the same steps and gets the same bits. Negative
+    inputs and NaN give NaN; ``inf`` gives ``inf``.
+
+    >>> [float(v) for v in log([1.0, 2.0, 0.0, 5e-324])] == [0.0, float(np.log(2.0)),
+    ...     -np.inf, float(np.log(5e-324))]
+    True
+    """
+    shape = np.shape(x)
+    x = np.atleast_1d(np.array(x, dtype=np.float64))
+    with np.errstate(all="ignore"):
+        subnormal = x < 2.0**-1022
+        scaled = np.where(subnormal, x * _TWO54, x)
+        hx = _high(scaled)
+        k = (hx >> 20) - 1023
+        hm = hx & 0x000FFFFF
+        low_half = hm < 0x6A09E
+        m = np.where(
+            low_half, _with_high(scaled, hm | 0x3FF00000), _with_high(scaled, hm | 0x3FE00000)
+        )
+        k = np.where(low_half, k, k + 1)
+        k = np.where(subnormal, k - 54, k)
+        kf = k.astype(np.float64)
+        out = kf * _LN2_HI + (log1p(m - 1.0) + kf * _LN2_LO)
+        out = np.where(x == np.inf, np.inf, out)
+        out = np.where(x == 0, -np.inf, out)
+        result: npt.NDArray[np.float64] = np.where((x < 0) | np.isnan(x), np.nan, out)
+    return result.reshape(shape)
+
+
 def exponentials(key: int, context: Any, row: Any, tokens: Any) -> npt.NDArray[np.float64]:
     """Keyed Exp(1) values ``E = -log1p(-U)`` with ``U`` from :func:`uniforms`.
 
     .. math:: E = -\\log(1 - U), \\quad U \\in [0, 1 - 2^{-53}]
 
-    so ``E`` lies in ``[0, 53 \\ln 2]`` and is never infinite.
+    so ``E`` lies in ``[0, 53 \\ln 2]`` and is never infinite. ``log1p`` is the portable
+    :func:`log1p` (never ``np.log1p``, whose last bit depends on the host), so the values are the
+    same on every host and in the torch lowering.
 
     >>> float(exponentials(0, position_context(0), 0, 0)) >= 0.0
     True
     """
-    out: npt.NDArray[np.float64] = -np.log1p(-uniforms(key, context, row, tokens))
+    out: npt.NDArray[np.float64] = -log1p(-uniforms(key, context, row, tokens))
     return out
 
 

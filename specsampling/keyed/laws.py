@@ -36,7 +36,7 @@ import numpy.typing as npt
 from .._types import Prefix
 from ..errors import InvalidDistribution
 from ..validation import check_distribution, check_positive_int
-from .field import KeyedNoise
+from .field import KeyedNoise, log
 
 Floats = npt.NDArray[np.float64]
 
@@ -48,14 +48,17 @@ def as_floats(probs: Any, name: str, vocab_size: int | None = None) -> Floats:
 
 
 def _scores(probs: Floats, exps: Any) -> Floats:
-    """Log-domain race scores ``log E - log p``; ``+inf`` where ``p = 0`` (never selected)."""
+    """Log-domain race scores ``log E - log p``; ``+inf`` where ``p = 0`` (never selected).
+
+    The logarithm is the portable :func:`specsampling.keyed.field.log` (the same bits on every
+    host and in the torch lowering), so race winners agree across backends even at near-ties."""
     e = np.asarray(exps, dtype=np.float64)
     if e.shape[-1:] != probs.shape or np.any(np.isnan(e)) or np.any(e < 0):
         raise InvalidDistribution(
             f"exponentials: expected non-negative values of shape (..., {probs.shape[0]})"
         )
     with np.errstate(divide="ignore", invalid="ignore"):
-        scores: Floats = np.log(e) - np.log(probs)
+        scores: Floats = log(e) - log(probs)
     scores[..., probs == 0] = np.inf
     return scores
 
