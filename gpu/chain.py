@@ -1,0 +1,558 @@
+r"""Chains in the FlashInfer/vLLM layout, with a fast path for the standard rule
+(reference: :mod:`specsampling.schemes.standard`; chains of :class:`~specsampling.DraftTree`).
+
+Layout. Row :math:`b` drafted :math:`x_{b,0..n_b-1}` (``draft_tokens [B, γ]``, ``n_b =
+num_draft_tokens[b] <= γ``); ``target_probs[b, i]`` is :math:`p_i`, the target after the first
+:math:`i` drafts (``[B, γ + 1, V]``), ``draft_probs[b, i]`` is :math:`q_i` (``[B, γ, V]``), or
+``None`` for point-mass drafts (n-gram, prompt lookup, EAGLE argmax): :math:`q_i =
+\mathbf 1_{x_i}`. The chain is node-numbered as :meth:`DraftTree.chain
+<specsampling.DraftTree.chain>`: node :math:`i + 1` holds draft :math:`i`, so noise lane
+:math:`i + 1` of ``accept`` tests draft :math:`i` and lane :math:`k` of ``sample`` draws the stop
+token after :math:`k` accepted drafts.
+
+Standard rule, all tests at once. With :math:`a_i = [\,u_{i+1}\,q_i(x_i) < p_i(x_i)\,]` for
+every :math:`i` (one gather of :math:`p_i(x_i), q_i(x_i)`: ``[B, γ]``), the number accepted is
+:math:`k = \min\{i : \neg a_i\}` (``n_b`` when none fails; a cumulative product), and the row
+emits :math:`x_{0..k-1}` then :math:`y \sim \mathrm{norm}((p_k - q_k)_+)` drawn by inverse CDF
+with :math:`u^\text{sample}_k` (:math:`p_{n_b}` itself for the bonus when :math:`k = n_b`): one
+residual row and one draw per row, roughly one read of the tables. A point-mass residual is
+:math:`p_k` with :math:`x_k` removed. The reference's residual *hit* (a stop token equal to the
+drafted child descends into it) can only happen on a zero-mass residual, whose fallback is
+:math:`p_k` itself; such a row resumes at :math:`k + 1` in one more round (:class:`StandardChain`;
+deciding that another round is needed is one host check, skipped with ``validate=False``).
+
+Which schemes take the fast path. Those whose rule on a one-candidate chain *is* the standard
+rule, noise lane for noise lane: ``standard``, ``specinfer`` and ``rsd`` (recursive rejection with
+one candidate). Every other registered scheme exact on sampled chains runs its own lowering on a
+:class:`~specsampling.gpu.TreeBatch` of chains (law ``iid``). Point-mass drafts are exact for
+every such scheme: a deterministic draft is a (degenerate) sample from :math:`\mathbf 1_{x_i}`,
+so the chain is a sampled chain of that draft (certified in ``tests/test_gpu_chain.py`` with the
+exact engine on a :class:`~specsampling.ModelPair` whose draft is a point mass).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, NamedTuple
+
+import torch
+
+from specsampling.errors import InvalidDistribution, UnsupportedShape
+from specsampling.tree import DrawLaw
+from specsampling.validation import mass_error
+
+from . import ops
+from .api import TOLERANCE
+from .noise import Noise
+from .schemes import get_lowering
+from .schemes.base import TreeLowering, Verified
+from .schemes.rsd import RSD
+from .schemes.specinfer import SpecInfer
+from .schemes.standard import Standard
+from .tree import PAD, TreeBatch
+
+#: Lowerings whose rule on a one-candidate chain is the standard accept/residual rule (exact
+#: types: a subclass, such as a mutant, runs its own walk).
+STANDARD_RULE: tuple[type, ...] = (Standard, SpecInfer, RSD)
+
+
+class ChainTables(NamedTuple):
+    """Validated chain inputs for :class:`StandardChain`, as flat tables plus row maps.
+
+    ``target_flat [R, V]`` and ``target_index [B, γ + 1]`` (the flat row of :math:`p_i`);
+    ``draft_flat [R', V]`` and ``draft_index [B, γ]``, or ``None`` (point mass);
+    ``draft_tokens [B, γ]`` with padding lanes set to ``0`` (never used as an index unmasked);
+    ``num_drafts [B]``; ``bonus_tokens [B]`` when the caller drew the bonus (vLLM), else ``None``.
+    """
+
+    target_flat: torch.Tensor  # [R, V]
+    target_index: torch.Tensor  # [B, γ + 1]
+    draft_flat: torch.Tensor | None  # [R', V]
+    draft_index: torch.Tensor | None  # [B, γ]
+    draft_tokens: torch.Tensor  # [B, γ]
+    num_drafts: torch.Tensor  # [B]
+    bonus_tokens: torch.Tensor | None  # [B]
+    dtype: torch.dtype
+
+
+def padded_tables(
+    draft_tokens: torch.Tensor,  # [B, γ]
+    num_drafts: torch.Tensor,  # [B]
+    target_probs: torch.Tensor,  # [B, γ + 1, V]
+    draft_probs: torch.Tensor | None,  # [B, γ, V]
+) -> ChainTables:
+    """The :class:`ChainTables` of the padded chain layout (views, no copy when contiguous)."""
+    batch_size, gamma = draft_tokens.shape
+    device = draft_tokens.device
+    rows = torch.arange(batch_size, device=device)[:, None]  # [B, 1]
+    lanes = torch.arange(gamma + 1, device=device)[None, :]  # [1, γ + 1]
+    real = lanes[:, :gamma] < num_drafts[:, None]  # [B, γ]
+    vocab = target_probs.shape[-1]
+    draft_flat = draft_index = None
+    if draft_probs is not None:
+        draft_flat = draft_probs.reshape(batch_size * gamma, vocab)  # [B γ, V]
+        draft_index = rows * gamma + lanes[:, :gamma]  # [B, γ]
+    return ChainTables(
+        target_flat=target_probs.reshape(batch_size * (gamma + 1), vocab),  # [B (γ+1), V]
+        target_index=rows * (gamma + 1) + lanes,  # [B, γ + 1]
+        draft_flat=draft_flat,
+        draft_index=draft_index,
+        draft_tokens=torch.where(real, draft_tokens, 0),  # [B, γ]
+        num_drafts=num_drafts,
+        bonus_tokens=None,
+        dtype=ops.compute_dtype(target_probs, *(() if draft_probs is None else (draft_probs,))),
+    )
+
+
+def residual_weights(target: torch.Tensor, draft: torch.Tensor | None, token: torch.Tensor):
+    r"""``((p - q)_+ [B, V], mass [B, 1])`` -- for a point-mass draft (``draft=None``) the
+    target with the rejected ``token [B]`` removed (:math:`p(x) < 1` on a rejection), the same
+    values :func:`specsampling.gpu.ops.residual` computes against a one-hot draft.
+
+    >>> weights, mass = residual_weights(torch.tensor([[0.5, 0.25, 0.25]]), None,
+    ...                                  torch.tensor([0]))
+    >>> weights.tolist(), mass.tolist()
+    ([[0.0, 0.25, 0.25]], [[0.5]])
+    """
+    if draft is None:
+        weights = target.scatter(-1, token[:, None], 0.0)  # [B, V]
+    else:
+        weights = (target - draft).clamp_min_(0)  # [B, V]
+    return weights, weights.sum(-1, keepdim=True)  # [B, V], [B, 1]
+
+
+def stop_distribution(
+    target: torch.Tensor, weights: torch.Tensor, mass: torch.Tensor, bonus: torch.Tensor
+) -> torch.Tensor:
+    r"""Per row the bonus target (``bonus [B]``), else :math:`\mathrm{norm}(w)`, or the target
+    where ``w`` has zero mass: :func:`specsampling.gpu.ops.residual`'s values, in one select.
+
+    >>> stop_distribution(torch.tensor([[0.5, 0.5]] * 3), torch.tensor([[0.2, 0.0], [0.0, 0.0],
+    ...                   [0.2, 0.0]]), torch.tensor([[0.2], [0.0], [0.2]]),
+    ...                   torch.tensor([False, False, True])).tolist()
+    [[1.0, 0.0], [0.5, 0.5], [0.5, 0.5]]
+    """
+    has_mass = mass > 0  # [B, 1]
+    normalised = weights / torch.where(has_mass, mass, torch.ones_like(mass))  # [B, V]
+    return torch.where(bonus[:, None] | ~has_mass, target, normalised)  # [B, V]
+
+
+class StandardChain:
+    """The standard rule on a batch of chains: all accept tests at once, then one stop round.
+
+    A round finds, per row, the first failed test at or after ``start`` and draws the stop token
+    there; a row whose stop token equals its drafted token (a residual hit, zero-mass residuals
+    only) resumes after it in the next round, exactly as the reference walk descends. Rows
+    without a hit give the same verdict again, so rounds can be repeated blindly (``rounds``,
+    sync-free) or until no row hits (``rounds=None``, one host check per round).
+    """
+
+    hot_path: ClassVar[tuple[str, ...]] = ("tests", "stop_round", "pack")
+
+    def tests(self, tables: ChainTables, accept_uniforms: torch.Tensor) -> torch.Tensor:
+        """The accept test of every real draft, ``[B, γ]`` bool (``accept_uniforms [B, γ]``)."""
+        gamma = tables.draft_tokens.shape[1]
+        tokens = tables.draft_tokens  # [B, γ]
+        lanes = torch.arange(gamma, device=tokens.device)  # [γ]
+        real = lanes[None, :] < tables.num_drafts[:, None]  # [B, γ]
+        target_x = tables.target_flat[tables.target_index[:, :gamma], tokens]  # [B, γ]
+        draft_x = self.drafted_mass(tables, accept_uniforms)  # [B, γ]
+        return real & ops.accepts(accept_uniforms, target_x, draft_x)  # [B, γ]
+
+    # ---------------------------------------------------------- host dispatch (no tensor values)
+    def drafted_mass(self, tables: ChainTables, like: torch.Tensor) -> torch.Tensor:
+        """:math:`q_i(x_i)` of every lane, ``[B, γ]`` (``1`` for point-mass drafts)."""
+        if tables.draft_flat is None:
+            return torch.ones_like(like)  # [B, γ]
+        return tables.draft_flat[tables.draft_index, tables.draft_tokens]  # [B, γ]
+
+    def residual(
+        self, tables: ChainTables, target: torch.Tensor, lane: torch.Tensor, token: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Residual weights and mass at the stop lane (``target [B, V]``, ``lane, token [B]``)."""
+        if tables.draft_flat is None:
+            return residual_weights(target, None, token)
+        draft_row = tables.draft_index.gather(1, lane[:, None]).squeeze(-1)  # [B]
+        return residual_weights(target, tables.draft_flat[draft_row].to(tables.dtype), token)
+
+    def given_bonus(
+        self, tables: ChainTables, bonus: torch.Tensor, drawn: torch.Tensor
+    ) -> torch.Tensor:
+        """The caller's bonus token where a row accepted every draft (vLLM layout), ``[B]``."""
+        if tables.bonus_tokens is None:
+            return drawn  # [B]
+        return torch.where(bonus, tables.bonus_tokens, drawn)  # [B]
+
+    # ---------------------------------------------------------- the hot path
+    def stop_round(
+        self,
+        tables: ChainTables,
+        accepted: torch.Tensor,  # [B, γ] bool
+        sample_uniforms: torch.Tensor,  # [B, γ + 1] float64
+        start: torch.Tensor,  # [B]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(num_accepted [B], token [B], hit [B])`` for the first failure at or after
+        ``start``."""
+        batch_size, gamma = accepted.shape
+        device = accepted.device
+        rows = torch.arange(batch_size, device=device)  # [B]
+        lanes = torch.arange(gamma, device=device)  # [γ]
+        passes = accepted | (lanes[None, :] < start[:, None])  # [B, γ]
+        num_accepted = passes.to(torch.long).cumprod(-1).sum(-1)  # [B]
+        num_accepted = torch.minimum(num_accepted, tables.num_drafts)  # [B]
+        bonus = num_accepted >= tables.num_drafts  # [B]
+        lane = num_accepted.clamp_max(gamma - 1)  # [B] a real draft lane (γ >= 1)
+        token = tables.draft_tokens.gather(1, lane[:, None]).squeeze(-1)  # [B]
+        target_row = tables.target_index.gather(1, num_accepted[:, None]).squeeze(-1)  # [B]
+        target = tables.target_flat[target_row].to(tables.dtype)  # [B, V]
+        weights, mass = self.residual(tables, target, lane, token)  # [B, V], [B, 1]
+        stop_probs = stop_distribution(target, weights, mass, bonus)  # [B, V]
+        drawn = ops.categorical(stop_probs, sample_uniforms[rows, num_accepted])  # [B]
+        drawn = self.given_bonus(tables, bonus, drawn)  # [B]
+        hit = ~bonus & (drawn == token)  # [B]
+        return num_accepted, drawn, hit
+
+    def pack(
+        self, tables: ChainTables, num_accepted: torch.Tensor, token: torch.Tensor
+    ) -> Verified:
+        """The accepted drafts, then ``token``, ``PAD`` after: ``[B, γ + 1]``."""
+        gamma = tables.draft_tokens.shape[1]
+        device = token.device
+        lanes = torch.arange(gamma + 1, device=device)[None, :]  # [1, γ + 1]
+        drafts = torch.cat(
+            [tables.draft_tokens, torch.zeros_like(tables.draft_tokens[:, :1])], dim=1
+        )  # [B, γ + 1]
+        tokens = torch.where(lanes < num_accepted[:, None], drafts, PAD)  # [B, γ + 1]
+        tokens = torch.where(lanes == num_accepted[:, None], token[:, None], tokens)
+        return Verified(num_accepted, token, tokens, num_accepted + 1)
+
+    def run(
+        self, tables: ChainTables, noise: Noise, rounds: int | None = None
+    ) -> tuple[Verified, torch.Tensor]:
+        """Verify every row; returns the verdicts and the rows still unresolved (``[B]`` bool,
+        all ``False`` unless ``rounds`` was too small). ``rounds=None`` repeats until no row
+        hits (one host check per round, at most ``γ + 1`` rounds)."""
+        gamma = tables.draft_tokens.shape[1]
+        accepted = self.tests(tables, noise.accept[:, 1:])  # [B, γ]
+        start = torch.zeros_like(tables.num_drafts)  # [B]
+        total = gamma + 1 if rounds is None else rounds
+        for index in range(max(total, 1)):
+            num_accepted, token, hit = self.stop_round(tables, accepted, noise.sample, start)
+            if rounds is None and not bool(hit.any()):
+                break
+            if index + 1 < total:
+                start = torch.where(hit, num_accepted + 1, start)  # [B]
+        return self.pack(tables, num_accepted, token), hit
+
+
+#: The engine :func:`verify_chain` uses for :data:`STANDARD_RULE` schemes.
+STANDARD_CHAIN = StandardChain()
+
+
+# --------------------------------------------------------------------------- validation
+def draft_lengths(
+    draft_tokens: torch.Tensor, num_draft_tokens: Any = None, name: str = "num_draft_tokens"
+) -> torch.Tensor:
+    """``num_draft_tokens`` as a long tensor ``[B]`` on the tokens' device; ``None``: the
+    leading non-negative lanes of each row (``-1`` padding marks the end of a chain)."""
+    batch_size = draft_tokens.shape[0]
+    device = draft_tokens.device
+    if num_draft_tokens is None:
+        return (draft_tokens >= 0).to(torch.long).cumprod(-1).sum(-1)  # [B]
+    lengths = torch.as_tensor(num_draft_tokens, device=device)
+    if lengths.is_floating_point() or lengths.dtype == torch.bool:
+        raise InvalidDistribution(f"{name}: expected integer lengths, got {lengths.dtype}")
+    if tuple(lengths.shape) != (batch_size,):
+        raise InvalidDistribution(
+            f"{name}: expected shape ({batch_size},), got {tuple(lengths.shape)}"
+        )
+    return lengths.to(torch.long)
+
+
+def check_chain_round(
+    draft_tokens: Any,
+    target_probs: Any,
+    draft_probs: Any,
+    noise: Noise | None,
+    num_drafts: torch.Tensor,
+    tolerance: float | None = None,
+) -> None:
+    """The chain ``check_round``: raise :class:`~specsampling.InvalidDistribution` naming the
+    argument for the first defect (shapes, vocab, NaN/inf/negative/mass of the real rows, draft
+    ids in ``[0, V)`` on real lanes and ``>= -1`` on padding, noise in ``[0, 1)`` on real lanes,
+    and -- stricter than the reference -- a positive draft probability of every drafted token).
+    One host synchronisation."""
+    batch_size, gamma = draft_tokens.shape
+    device = draft_tokens.device
+    tables = [("target_probs", target_probs, gamma + 1)]  # real rows: lanes <= n_b
+    if draft_probs is not None:
+        tables.append(("draft_probs", draft_probs, gamma))  # real rows: lanes < n_b
+    for name, table, rows in tables:
+        if not isinstance(table, torch.Tensor) or not table.is_floating_point():
+            raise InvalidDistribution(
+                f"{name}: expected a float tensor of shape ({batch_size}, {rows}, vocab_size), "
+                f"got {type(table).__name__}"
+                + (f" of dtype {table.dtype}" if isinstance(table, torch.Tensor) else "")
+            )
+        if table.ndim != 3 or tuple(table.shape[:2]) != (batch_size, rows) or not table.shape[2]:
+            raise InvalidDistribution(
+                f"{name}: expected shape ({batch_size}, {rows}, vocab_size), got "
+                f"{tuple(table.shape)}"
+            )
+    vocab_size = int(target_probs.shape[2])
+    if draft_probs is not None and draft_probs.shape[2] != vocab_size:
+        raise InvalidDistribution(
+            f"draft_probs: vocabulary mismatch, {draft_probs.shape[2]} columns but vocab_size "
+            f"is {vocab_size}"
+        )
+    lanes = torch.arange(gamma + 1, device=device)  # [γ + 1]
+    real_nodes = lanes[None, :] <= num_drafts[:, None]  # [B, γ + 1]
+    real = real_nodes[:, 1:]  # [B, γ]
+    if bool(((num_drafts < 0) | (num_drafts > gamma)).any()):
+        raise InvalidDistribution(f"num_draft_tokens: every length must lie in [0, {gamma}]")
+    bad_real = real & ((draft_tokens < 0) | (draft_tokens >= vocab_size))  # [B, γ]
+    bad_pad = ~real & ((draft_tokens < PAD) | (draft_tokens >= vocab_size))  # [B, γ]
+    if bool((bad_real | bad_pad).any()):
+        row, lane = (int(i) for i in (bad_real | bad_pad).nonzero()[0])
+        value = int(draft_tokens[row, lane])
+        where = "a drafted" if bool(bad_real[row, lane]) else "a padding"
+        raise InvalidDistribution(
+            f"draft_tokens[{row}, {lane}]: token id {value} outside [0, {vocab_size}) in "
+            f"{where} lane" + ("" if where == "a drafted" else " (padding must be -1 or a token)")
+        )
+    if noise is not None:
+        check_chain_noise(noise, real_nodes)
+    for name, table, rows in tables:
+        mask = real_nodes[:, :rows] if rows > gamma else real  # [B, rows]
+        tol = TOLERANCE.get(table.dtype, 1e-4) if tolerance is None else tolerance
+        values = table.to(device=device, dtype=ops.compute_dtype(table))  # [B, rows, V]
+        mass = values.sum(-1)  # [B, rows]
+        ok = (((mass - 1).abs() <= tol) & ~(values < 0).any(-1)) | ~mask  # [B, rows]
+        if bool(ok.all()):
+            continue
+        row, lane = (int(i) for i in (~ok).nonzero()[0])
+        label = f"{name}[{row}, {lane}]"
+        entries = values[row, lane]  # [V]
+        finite = torch.isfinite(entries)
+        if not bool(finite.all()):
+            index = int((~finite).nonzero()[0, 0])
+            raise InvalidDistribution(f"{label}: NaN or inf at index {index}")
+        if bool((entries < 0).any()):
+            index = int((entries < 0).nonzero()[0, 0])
+            raise InvalidDistribution(
+                f"{label}: negative entry at index {index} (raw logits? apply "
+                "specsampling.gpu.process first)"
+            )
+        raise InvalidDistribution(mass_error(label, float(mass[row, lane]), tol))
+    if draft_probs is not None:  # a sampled draft has positive draft mass (fp16 underflow: B20)
+        safe = torch.where(real, draft_tokens, 0)  # [B, γ]
+        drafted = draft_probs.to(device).gather(2, safe[..., None]).squeeze(-1)  # [B, γ]
+        impossible = real & ~(drafted > 0)  # [B, γ]
+        if bool(impossible.any()):
+            row, lane = (int(i) for i in impossible.nonzero()[0])
+            raise InvalidDistribution(
+                f"draft_probs[{row}, {lane}]: the drafted token {int(draft_tokens[row, lane])} "
+                "has zero draft probability, so it cannot have been sampled (underflow in a low "
+                "precision softmax? pass draft_probs=None for deterministic drafts)"
+            )
+
+
+def check_chain_noise(noise: Noise, real_nodes: torch.Tensor) -> None:
+    """Both noise tensors ``[B, γ + 1]`` float, every real lane in ``[0, 1)``."""
+    shape = tuple(real_nodes.shape)
+    for part in ("accept", "sample"):
+        values = getattr(noise, part, None)
+        if not isinstance(values, torch.Tensor) or not values.is_floating_point():
+            raise InvalidDistribution(
+                f"noise.{part}: expected a float tensor of shape {shape}, got "
+                f"{type(values).__name__}"
+            )
+        if tuple(values.shape) != shape:
+            raise InvalidDistribution(
+                f"noise.{part}: expected shape {shape}, got {tuple(values.shape)}"
+            )
+        inside = ((values >= 0) & (values < 1)).to(real_nodes.device) | ~real_nodes
+        bad = ~inside.all(-1)  # [B]
+        if bool(bad.any()):
+            row = int(bad.nonzero()[0, 0])
+            raise InvalidDistribution(f"noise.{part}[{row}]: uniforms must lie in [0, 1)")
+
+
+def chain_noise(
+    batch_size: int,
+    gamma: int,
+    generator: torch.Generator | None = None,
+    device: torch.device | str | None = None,
+) -> Noise:
+    """Fresh float64 uniforms ``[B, γ + 1]`` (accept, then sample) -- never float32, whose
+    draws bottom out at 2^-24 (peer bug B9)."""
+    where = device if generator is None else generator.device
+    shape = (batch_size, gamma + 1)
+    accept = torch.rand(shape, dtype=torch.float64, generator=generator, device=where)
+    sample = torch.rand(shape, dtype=torch.float64, generator=generator, device=where)
+    return Noise(accept.to(device), sample.to(device))
+
+
+# --------------------------------------------------------------------------- the general path
+def chain_batch(draft_tokens: torch.Tensor, num_drafts: torch.Tensor) -> TreeBatch:
+    """The :class:`TreeBatch` of the chains (law ``iid``), built on device without a host
+    synchronisation; ``max_depth`` is ``γ``, so the emitted tokens are ``[B, γ + 1]``."""
+    batch_size, gamma = draft_tokens.shape
+    device = draft_tokens.device
+    nodes = torch.arange(gamma + 1, device=device)[None, :].expand(batch_size, -1)  # [B, γ+1]
+    real = nodes <= num_drafts[:, None]  # [B, γ + 1]
+    drafted = real & (nodes > 0)  # [B, γ + 1]
+    shifted = torch.cat([torch.full_like(draft_tokens[:, :1], PAD), draft_tokens], 1)
+    has_child = nodes < num_drafts[:, None]  # [B, γ + 1]
+    return TreeBatch(
+        parents=torch.where(drafted, nodes - 1, PAD),
+        tokens=torch.where(drafted, shifted, PAD),
+        num_nodes=num_drafts + 1,
+        candidates=torch.where(has_child, nodes + 1, PAD)[..., None],  # [B, γ + 1, 1]
+        depth=torch.where(real, nodes, PAD),
+        laws=(DrawLaw.IID,) * batch_size,
+        chains=(True,) * batch_size,
+        max_depth=gamma,
+    )
+
+
+def general_chain(
+    lowering: TreeLowering,
+    draft_tokens: torch.Tensor,  # [B, γ]
+    num_drafts: torch.Tensor,  # [B]
+    target_probs: torch.Tensor,  # [B, γ + 1, V]
+    draft_probs: torch.Tensor | None,  # [B, γ, V]
+    noise: Noise,
+) -> Verified:
+    """Any chain scheme through its own lowering: the chains as a :class:`TreeBatch`, the
+    draft tables padded to ``γ + 1`` rows (one-hot rows for point-mass drafts)."""
+    gamma = draft_tokens.shape[1]
+    dtype = ops.compute_dtype(target_probs, *(() if draft_probs is None else (draft_probs,)))
+    target = target_probs.to(dtype)  # [B, γ + 1, V]
+    if draft_probs is None:
+        real = torch.arange(gamma, device=draft_tokens.device)[None, :] < num_drafts[:, None]
+        safe = torch.where(real, draft_tokens, 0)  # [B, γ]
+        draft = torch.zeros_like(target).scatter_(2, safe[..., None], 1.0)[:, :gamma]
+    else:
+        draft = draft_probs.to(dtype)  # [B, γ, V]
+    draft = torch.cat([draft, torch.zeros_like(target[:, :1])], dim=1)  # [B, γ + 1, V]
+    return lowering.walk(chain_batch(draft_tokens, num_drafts), target, draft, noise)
+
+
+# --------------------------------------------------------------------------- the entry point
+def verify_chain(
+    scheme: Any,
+    draft_tokens: torch.Tensor,
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    noise: Noise | None = None,
+    *,
+    generator: torch.Generator | None = None,
+    validate: bool = True,
+    num_draft_tokens: Any = None,
+    tolerance: float | None = None,
+) -> Verified:
+    """Verify a batch of drafted chains; row ``b`` gets the reference verdict of
+    ``DraftTree.chain(draft_tokens[b, :n_b], law="iid")``.
+
+    Parameters
+    ----------
+    scheme : str or lowering object
+        A scheme of :data:`specsampling.gpu.SCHEMES` exact on sampled chains.
+    draft_tokens : LongTensor [B, γ]
+        The drafted tokens; lanes from ``n_b`` on are padding (``-1`` or any token id).
+    target_probs : Tensor [B, γ + 1, V]
+        ``target_probs[b, i]``: the target after ``i`` drafts (float64/32, bf16, fp16).
+    draft_probs : Tensor [B, γ, V] or None
+        The draft distribution each token was sampled from; ``None`` for point-mass
+        (deterministic) drafts, verified with the one-hot of the drafted token.
+    noise : Noise, optional
+        Uniforms ``[B, γ + 1]`` (lane ``i + 1`` of ``accept`` tests draft ``i``, lane ``k`` of
+        ``sample`` draws the token after ``k`` accepted); ``None`` draws fresh float64 ones.
+    generator : torch.Generator, optional
+        Seeds the fresh noise.
+    validate : bool, default True
+        Check the inputs (host synchronisations); ``False`` trusts them and never synchronises.
+        The one difference on the fast path: a row whose stop token lands on a zero-mass
+        residual (``p_k <= q_k`` everywhere, a probability-0 event in exact arithmetic) *and*
+        equals its drafted token is resolved with the same host check (the reference's
+        residual hit descends); with ``validate=False`` that row stops there, emitting the
+        drafted token as its last token (same tokens so far, same law; see
+        :class:`StandardChain`).
+    num_draft_tokens : int sequence or LongTensor [B], optional
+        Drafts per row; by default the leading non-negative lanes (``-1`` padding ends a chain).
+    tolerance : float, optional
+        Row-mass tolerance; by default that of the input dtype.
+
+    Returns
+    -------
+    Verified
+        ``node [B]`` (accepted drafts), ``token [B]``, ``tokens [B, γ + 1]`` (``-1`` padded),
+        ``num_emitted [B]``.
+
+    Examples
+    --------
+    >>> import specsampling.gpu as ssg
+    >>> target = torch.tensor([[[0.5, 0.5], [0.0, 1.0]]], dtype=torch.float64)
+    >>> out = ssg.verify_chain("standard", torch.tensor([[1]]), target, None,
+    ...                        ssg.Noise(torch.full((1, 2), 0.25).double(),
+    ...                                  torch.full((1, 2), 0.5).double()))
+    >>> out.tokens.tolist(), out.num_emitted.tolist()
+    ([[1, 1]], [2])
+    """
+    lowering = get_lowering(scheme)
+    if not isinstance(lowering, TreeLowering):
+        raise UnsupportedShape(
+            f"scheme: {lowering.name!r} is a keyed coupling, not a tree verifier; its rounds "
+            "run from a key (specsampling.gpu.generate)"
+        )
+    if not lowering.reference_scheme.exact_for(DrawLaw.IID, True):
+        raise UnsupportedShape(
+            f"scheme: {lowering.name!r} is not exact for sampled chains; it is exact for "
+            f"{lowering.reference_scheme.support_text()}"
+        )
+    if (
+        not isinstance(draft_tokens, torch.Tensor)
+        or draft_tokens.ndim != 2
+        or draft_tokens.is_floating_point()
+        or draft_tokens.dtype == torch.bool
+    ):
+        raise InvalidDistribution(
+            "draft_tokens: expected an integer tensor of shape (batch_size, num_drafts), got "
+            f"{type(draft_tokens).__name__}"
+            + (f" of shape {tuple(draft_tokens.shape)}" if hasattr(draft_tokens, "shape") else "")
+        )
+    draft_tokens = draft_tokens.to(torch.long)
+    batch_size, gamma = draft_tokens.shape
+    num_drafts = draft_lengths(draft_tokens, num_draft_tokens)
+    if validate:
+        check_chain_round(draft_tokens, target_probs, draft_probs, noise, num_drafts, tolerance)
+    if noise is None:
+        noise = chain_noise(batch_size, gamma, generator, draft_tokens.device)
+    device = draft_tokens.device
+    noise = Noise(
+        noise.accept.to(device=device, dtype=torch.float64),
+        noise.sample.to(device=device, dtype=torch.float64),
+    )
+    target_probs = target_probs.to(device)
+    draft_probs = None if draft_probs is None else draft_probs.to(device)
+    if type(lowering) in STANDARD_RULE and gamma > 0:
+        tables = padded_tables(draft_tokens, num_drafts, target_probs, draft_probs)
+        verified, _ = STANDARD_CHAIN.run(tables, noise, None if validate else 1)
+        return verified
+    return general_chain(lowering, draft_tokens, num_drafts, target_probs, draft_probs, noise)
+
+
+__all__ = [
+    "STANDARD_CHAIN",
+    "STANDARD_RULE",
+    "ChainTables",
+    "StandardChain",
+    "chain_batch",
+    "chain_noise",
+    "check_chain_round",
+    "general_chain",
+    "padded_tables",
+    "residual_weights",
+    "stop_distribution",
+    "verify_chain",
+]

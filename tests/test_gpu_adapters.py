@@ -1,0 +1,318 @@
+"""The serving-engine adapters (issue 10, section 4): ``specsampling.gpu.vllm.rejection_sample``
+and ``specsampling.gpu.flashinfer.chain_speculative_sampling``.
+
+The *cases* of vLLM's ``tests/v1/sample/test_rejection_sampler.py`` (greedy matches and
+mismatches, empty drafts, seeded determinism, the target law, top-k/top-p masks, vocab-boundary
+sizes) and of Hugging Face's ``test_speculative_sampling`` (tests/generation/test_utils.py), and
+the FlashInfer docstring example, written against our adapters.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+import specsampling as ss
+from specsampling import gpu as ssg
+from specsampling.gpu.flashinfer import chain_speculative_sampling
+from specsampling.gpu.vllm import rejection_sample
+
+PAD = -1
+
+
+def greedy_inputs(spec: list[list[int]], output: list[list[int]], vocab: int = 100) -> tuple:
+    """vLLM's greedy cases: scores whose argmax is the target's token at every draft position."""
+    rows = [tokens[:-1] for tokens in output]
+    scores = torch.full((sum(len(r) for r in rows), vocab), -100.0)
+    flat = [t for r in rows for t in r]
+    scores[torch.arange(len(flat)), torch.tensor(flat, dtype=torch.long)] = 100.0
+    counts = [len(s) for s in spec]
+    draft_ids = torch.tensor([t for s in spec for t in s], dtype=torch.int32)
+    bonus = torch.tensor([[r[-1]] for r in output])
+    return draft_ids, counts, max(counts), torch.tensor(counts).cumsum(0), scores, bonus
+
+
+GREEDY_CASES = [
+    ([[1, 2, 3]], [[1, 2, 3, 4]], [[1, 2, 3, 4]]),  # perfect match
+    ([[1, 2, 3]], [[1, 5, 3, 4]], [[1, 5, PAD, PAD]]),  # early mismatch
+    ([[1, 2], [3]], [[1, 2, 5], [3, 4]], [[1, 2, 5], [3, 4, PAD]]),  # multiple sequences
+    ([[1]], [[1, 2]], [[1, 2]]),  # single token
+    ([[1, 2, 3], [4, 5, 6]], [[1, 2, 7, 6], [4, 8, 6, 9]], [[1, 2, 7, PAD], [4, 8, PAD, PAD]]),
+    ([[1, 2]], [[1, 2, 3]], [[1, 2, 3]]),
+    ([[1]], [[2, 3]], [[2, PAD]]),  # first mismatch
+    ([[1, 2], [3, 4]], [[1, 5, 6], [3, 4, 7]], [[1, 5, PAD], [3, 4, 7]]),  # mixed
+]
+
+
+@pytest.mark.parametrize("spec,output,expected", GREEDY_CASES)
+def test_vllm_greedy_cases(spec: list, output: list, expected: list) -> None:
+    draft_ids, counts, width, cu, scores, bonus = greedy_inputs(spec, output)
+    out = rejection_sample(draft_ids, counts, width, cu, None, scores, bonus, all_greedy=True)
+    assert out.dtype == torch.int32 and out.tolist() == expected
+    # the same through the general rule: processed one-hot targets, no all_greedy flag
+    one_hot = ssg.process(scores, temperature=0.0)
+    again = rejection_sample(draft_ids, counts, width, cu, None, one_hot, bonus)
+    assert again.tolist() == expected
+
+
+def test_vllm_empty_sequence_and_zero_draft_requests() -> None:
+    out = rejection_sample(
+        torch.zeros(0, dtype=torch.int32), [0], 0, torch.tensor([0]), None,
+        torch.zeros((0, 10)), torch.tensor([[5]]), all_greedy=True,
+    )  # fmt: skip
+    assert out.tolist() == [[5]]
+    draft_ids, counts, width, cu, scores, bonus = greedy_inputs(
+        [[1, 2], [], [3]], [[1, 2, 9], [7], [4, 8]]
+    )
+    out = rejection_sample(draft_ids, counts, width, cu, None, ssg.process(scores, temperature=0),
+                           bonus)  # fmt: skip
+    assert out.tolist() == [[1, 2, 9], [7, PAD, PAD], [4, PAD, PAD]]
+
+
+def random_batch(batch: int, k: int, vocab: int, seed: int) -> tuple:
+    g = torch.Generator().manual_seed(seed)
+    draft = torch.softmax(torch.rand(batch * k, vocab, generator=g), -1)
+    target = torch.softmax(torch.rand(batch * k, vocab, generator=g) * 3, -1)
+    draft_ids = torch.multinomial(draft, 1, generator=g).reshape(-1)
+    bonus = torch.randint(0, vocab, (batch, 1), generator=g)
+    counts = [k] * batch
+    return draft_ids, counts, k, torch.tensor(counts).cumsum(0), draft, target, bonus
+
+
+@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("batch_size", [1, 4, 8])
+def test_vllm_deterministic_when_seeded(k: int, batch_size: int) -> None:
+    draft_ids, counts, width, cu, draft, target, bonus = random_batch(batch_size, k, 200, k)
+    seeded = [row for row in range(batch_size) if row % 2 == 0]
+    runs = []
+    for _ in range(5):
+        generators = {row: torch.Generator().manual_seed(row) for row in seeded}
+        runs.append(rejection_sample(draft_ids, counts, width, cu, draft, target, bonus,
+                                     generators=generators))  # fmt: skip
+    for row in seeded:
+        assert all(torch.equal(r[row], runs[0][row]) for r in runs)
+
+
+def test_vllm_seeded_request_is_independent_of_position_and_neighbours() -> None:
+    draft_ids, counts, width, cu, draft, target, bonus = random_batch(6, 3, 50, 11)
+    solo = rejection_sample(
+        draft_ids[3:6].clone(), [3], 3, torch.tensor([3]), draft[3:6].clone(),
+        target[3:6].clone(), bonus[1:2].clone(), generators={0: torch.Generator().manual_seed(9)},
+    )  # fmt: skip
+    batched = rejection_sample(draft_ids, counts, width, cu, draft, target, bonus,
+                               generators={1: torch.Generator().manual_seed(9)})  # fmt: skip
+    assert torch.equal(batched[1], solo[0])
+
+
+def test_vllm_rejection_sampling_approximates_the_target() -> None:
+    """vLLM's law test, as a chi-square on counts: the first token of every round (k = 2) is
+    target-distributed whatever the draft (alpha 1e-4)."""
+    vocab, k, draws = 10, 2, 20000
+    g = torch.Generator().manual_seed(0)
+    draft_row = torch.softmax(torch.rand(vocab, generator=g), -1)
+    target_row = torch.softmax(torch.rand(vocab, generator=g) * 2, -1)
+    draft_ids = torch.multinomial(draft_row, draws * k, replacement=True, generator=g)
+    draft = draft_row.expand(draws * k, -1).contiguous()
+    target = target_row.expand(draws * k, -1).contiguous()
+    bonus = torch.multinomial(target_row, draws, replacement=True, generator=g)[:, None]
+    counts = [k] * draws
+    out = rejection_sample(draft_ids, counts, k, torch.tensor(counts).cumsum(0), draft, target,
+                           bonus, generator=torch.Generator().manual_seed(1))  # fmt: skip
+    observed = np.bincount(out[:, 0].numpy(), minlength=vocab)
+    target_law = target_row.double().numpy()
+    draft_law = draft_row.double().numpy()
+    assert stats.chisquare(observed, target_law / target_law.sum() * draws).pvalue > 1e-4
+    # negative control: the draft's own law is rejected
+    assert stats.chisquare(observed, draft_law / draft_law.sum() * draws).pvalue < 1e-4
+
+
+@pytest.mark.parametrize("top_k", [1, 5, 99])
+def test_vllm_top_k_masked_targets_are_respected(top_k: int) -> None:
+    """Processed probabilities with mass only on each row's top-k: no emitted draft or residual
+    token lies outside (the bonus column excluded, as in vLLM's test)."""
+    vocab, batch, k = 100, 30, 3
+    g = torch.Generator().manual_seed(top_k)
+    allowed = torch.stack([torch.randperm(vocab, generator=g)[:top_k] for _ in range(batch * k)])
+    logits = torch.zeros(batch * k, vocab)
+    logits.scatter_(1, allowed, 0.1)
+    target = ssg.process(logits, top_k=top_k)
+    draft = torch.softmax(torch.rand(batch * k, vocab, generator=g), -1)
+    draft_ids = torch.multinomial(draft, 1, generator=g).reshape(-1)
+    counts = [k] * batch
+    out = rejection_sample(draft_ids, counts, k, torch.tensor(counts).cumsum(0), draft, target,
+                           torch.zeros((batch, 1), dtype=torch.long))  # fmt: skip
+    for row in range(batch):
+        for pos in range(k):
+            token = int(out[row, pos])
+            if token != PAD:
+                assert token in allowed[row * k + pos].tolist()
+
+
+@pytest.mark.parametrize("no_draft_probs", [True, False])
+@pytest.mark.parametrize("vocab", [100, 8193, 10000, 151936])
+def test_vllm_vocab_boundary_ids_in_range(vocab: int, no_draft_probs: bool) -> None:
+    """GHSA-8wr5-jm2h-8r4f's sizes: a zero tail (or all mass on the drafted token, so the
+    point-mass residual is empty): every id in [0, V) with positive target mass."""
+    batch, k = 2, 3
+    g = torch.Generator().manual_seed(vocab)
+    tail = (vocab // 8192) * 8192
+    target = torch.rand(batch * k, vocab, generator=g)
+    draft_ids = torch.randint(0, vocab, (batch * k,), generator=g)
+    if tail:
+        target[:, tail:] = 0.0
+    else:
+        target = torch.zeros_like(target)
+        target[:, 0] = 1.0
+        draft_ids = torch.zeros(batch * k, dtype=torch.long)
+    target = target / target.sum(-1, keepdim=True)
+    draft = torch.softmax(torch.rand(batch * k, vocab, generator=g), -1)
+    counts = [k] * batch
+    out = rejection_sample(draft_ids, counts, k, torch.tensor(counts).cumsum(0),
+                           None if no_draft_probs else draft, target,
+                           torch.zeros((batch, 1), dtype=torch.long))  # fmt: skip
+    for row in range(batch):
+        for pos in range(k):
+            token = int(out[row, pos])
+            if token != PAD:
+                assert 0 <= token < vocab and float(target[row * k + pos, token]) > 0
+
+
+def test_vllm_draft_id_out_of_vocab_raises_value_error() -> None:
+    draft_ids, counts, width, cu, draft, target, bonus = random_batch(2, 2, 10, 0)
+    for bad in (10, -1):
+        ids = draft_ids.clone()
+        ids[1] = bad
+        with pytest.raises(ValueError, match=r"draft_token_ids\[1\]: token id"):
+            rejection_sample(ids, counts, width, cu, draft, target, bonus)
+    with pytest.raises(ValueError, match="cu_num_draft_tokens"):
+        rejection_sample(draft_ids, counts, width, cu + 1, draft, target, bonus)
+    with pytest.raises(ValueError, match="max_spec_len"):
+        rejection_sample(draft_ids, counts, 1, cu, draft, target, bonus)
+
+
+def test_vllm_matches_verify_chain_on_the_same_uniforms() -> None:
+    """The adapter is the standard rule: with seeded per-request generators it equals
+    ``verify_chain`` fed the uniforms those generators give (the bonus row one-hot on the bonus)."""
+    draft_ids, counts, width, cu, draft, target, bonus = random_batch(5, 3, 30, 5)
+    seeds = {row: torch.Generator().manual_seed(100 + row) for row in range(5)}
+    out = rejection_sample(draft_ids, counts, width, cu, draft, target.double(), bonus,
+                           generators=seeds)  # fmt: skip
+    accept = torch.zeros((5, 4), dtype=torch.float64)
+    sample = torch.zeros((5, 4), dtype=torch.float64)
+    for row in range(5):
+        draws = torch.rand(
+            6, dtype=torch.float64, generator=torch.Generator().manual_seed(100 + row)
+        )
+        accept[row, 1:4], sample[row, :3] = draws[:3], draws[3:]
+    bonus_rows = torch.nn.functional.one_hot(bonus[:, 0], 30).double()[:, None]
+    chain_target = torch.cat([target.double().reshape(5, 3, 30), bonus_rows], 1)
+    expect = ssg.verify_chain(
+        "standard",
+        draft_ids.reshape(5, 3),
+        chain_target,
+        draft.double().reshape(5, 3, 30),
+        ssg.Noise(accept, sample),
+    )
+    assert torch.equal(out.long(), expect.tokens)
+
+
+# --------------------------------------------------------------------------- Hugging Face
+def test_hugging_face_speculative_sampling_case() -> None:
+    """HF ``test_speculative_sampling``: candidates 1, 4, 5; the target accepts 1 and 4 and
+    rules out 5 (mass only on 8), so the round emits [1, 4, 8] with 2 matches, for any noise."""
+    low, high, inf = -10.0, 10.0, float("inf")
+    candidate_logits = torch.full((3, 10), low)
+    candidate_logits[0, 1] = candidate_logits[1, 4] = candidate_logits[2, 5] = high
+    new_logits = torch.full((4, 10), low)
+    new_logits[0, 1] = new_logits[1, 4] = high
+    new_logits[2] = -inf
+    new_logits[2, 8] = high
+    draft = torch.softmax(candidate_logits.double(), -1)[None]  # [1, 3, 10]
+    target = torch.softmax(new_logits.double(), -1)[None]  # [1, 4, 10]
+    tokens = torch.tensor([[1, 4, 5]])
+    for seed in range(20):
+        g = torch.Generator().manual_seed(seed)
+        out = ssg.verify_chain("standard", tokens, target, draft, generator=g)
+        assert int(out.node[0]) == 2 and out.tokens[0, :3].tolist() == [1, 4, 8]
+        ids, _, emitted = chain_speculative_sampling(draft, tokens, target, generator=g)
+        assert ids.tolist() == [[1, 4, 8, PAD]] and emitted.tolist() == [2]
+
+
+# --------------------------------------------------------------------------- FlashInfer
+def test_flashinfer_docstring_example() -> None:
+    draft = torch.tensor([[[0.1, 0.2, 0.3, 0.4], [0.2, 0.3, 0.4, 0.1]]])
+    target = torch.tensor([[[0.0, 0.1, 0.6, 0.3], [1.0, 0.0, 0.0, 0.0], [0.7, 0.1, 0.1, 0.1]]])
+    for seed in range(10):
+        ids, accepted, emitted = chain_speculative_sampling(
+            draft, torch.tensor([[2, 1]], dtype=torch.int32), target,
+            generator=torch.Generator().manual_seed(seed),
+        )  # fmt: skip
+        assert ids.dtype == torch.int32 and ids.tolist() == [[2, 0, PAD]]
+        assert accepted.tolist() == [1] and emitted.tolist() == [1]
+
+
+def test_flashinfer_counts_padding_and_in_place_outputs() -> None:
+    g = torch.Generator().manual_seed(3)
+    batch, k, vocab = 6, 4, 12
+    draft = torch.softmax(torch.randn(batch, k, vocab, generator=g), -1)
+    target = torch.softmax(torch.randn(batch, k + 1, vocab, generator=g), -1)
+    tokens = torch.multinomial(draft.reshape(-1, vocab), 1, generator=g).reshape(batch, k)
+    lengths = [4, 0, 2, 3, 1, 4]
+    for row, n in enumerate(lengths):
+        tokens[row, n:] = -1
+    acc_total = torch.full((batch,), 10, dtype=torch.int32)
+    emit_total = torch.zeros(batch, dtype=torch.int32)
+    ids, accepted, emitted = chain_speculative_sampling(
+        draft, tokens, target, acc_total, emit_total, generator=torch.Generator().manual_seed(0)
+    )
+    assert accepted is acc_total and emitted is emit_total
+    assert ((acc_total - 10) <= torch.tensor(lengths)).all()
+    assert (emit_total <= acc_total - 10).all() and (emit_total <= torch.tensor(lengths)).all()
+    for row in range(batch):
+        count = int(emit_total[row]) + 1
+        assert ids[row, :count].tolist()[: count - 1] == tokens[row, : count - 1].tolist()
+        assert (ids[row, count:] == PAD).all() and 0 <= int(ids[row, count - 1]) < vocab
+        assert float(target[row, count - 1, ids[row, count - 1]]) > 0
+    with pytest.raises(ValueError, match="generators"):
+        chain_speculative_sampling(draft, tokens, target, seed=1, offset=0)
+    bad = tokens.clone()
+    bad[0, 0] = vocab
+    with pytest.raises(ValueError, match=r"draft_tokens\[0, 0\]: token id 12"):
+        chain_speculative_sampling(draft, bad, target)
+
+
+def test_flashinfer_per_row_generators_do_not_depend_on_position() -> None:
+    g = torch.Generator().manual_seed(5)
+    batch, k, vocab = 4, 3, 20
+    draft = torch.softmax(torch.randn(batch, k, vocab, generator=g), -1)
+    target = torch.softmax(torch.randn(batch, k + 1, vocab, generator=g), -1)
+    tokens = torch.multinomial(draft.reshape(-1, vocab), 1, generator=g).reshape(batch, k)
+    gens = [torch.Generator().manual_seed(40 + r) for r in range(batch)]
+    ids, _, _ = chain_speculative_sampling(draft, tokens, target, generators=gens)
+    order = [2, 0, 3, 1]
+    gens = [torch.Generator().manual_seed(40 + r) for r in order]
+    shuffled, _, _ = chain_speculative_sampling(
+        draft[order], tokens[order], target[order], generators=gens
+    )
+    assert torch.equal(shuffled, ids[order])
+    solo, _, _ = chain_speculative_sampling(
+        draft[2:3], tokens[2:3], target[2:3], generators=[torch.Generator().manual_seed(42)]
+    )
+    assert torch.equal(solo[0], ids[2])
+
+
+def test_flashinfer_law_is_the_target() -> None:
+    """Chi-square on counts of the first emitted token (alpha 1e-4), and of the reference
+    round law: the exact engine's first-token marginal is the target too."""
+    vocab, k, draws = 6, 3, 12000
+    pair = ss.pairs.Random(vocab, seed=8)
+    p, q = pair.target(()), pair.draft(())
+    g = torch.Generator().manual_seed(2)
+    draft = torch.tensor(q).expand(draws, k, -1).contiguous()
+    target = torch.tensor(p).expand(draws, k + 1, -1).contiguous()
+    tokens = torch.multinomial(torch.tensor(q), draws * k, replacement=True, generator=g)
+    ids, _, _ = chain_speculative_sampling(draft, tokens.reshape(draws, k), target, generator=g)
+    observed = np.bincount(ids[:, 0].numpy(), minlength=vocab)
+    assert stats.chisquare(observed, p * draws).pvalue > 1e-4

@@ -1,0 +1,461 @@
+"""``specsampling.gpu.verify_chain``: chains in the FlashInfer/vLLM layout (issue 10, sections 2-3).
+
+Path-wise equality with the reference for every registered scheme exact on sampled chains
+(iterated at test time), with real draft tables and point-mass drafts, ragged lengths and
+boundary noise; the fast standard path against its own mutants; the point-mass rule certified
+by the exact engine on a pair whose draft is a point mass.
+"""
+
+from __future__ import annotations
+
+import inspect
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import specsampling as ss
+from proofs_tests.strategies import model_pairs
+from specsampling import gpu as ssg
+from specsampling.gpu import chain as C
+from specsampling.noise import LARGEST_BELOW_ONE
+from specsampling.schemes import tables
+
+GAMMA = 4
+Round = tuple[ss.DraftTree, np.ndarray, np.ndarray, ss.Noise]
+
+
+def chain_schemes() -> list[str]:
+    """Registered tree lowerings whose reference is exact on sampled chains (read at test time:
+    other lowerings are being registered)."""
+    names = []
+    for name, lowering in ssg.SCHEMES.items():
+        reference = ss.SCHEMES[name]
+        if isinstance(lowering, ssg.schemes.TreeLowering) and reference.exact_for(
+            ss.DrawLaw.IID, True
+        ):
+            names.append(name)
+    return sorted(names)
+
+
+def point_mass_tables(tree: ss.DraftTree, target: np.ndarray) -> np.ndarray:
+    """One-hot draft rows of the drafted tokens (the leaf row: a one-hot too, never read)."""
+    vocab = target.shape[1]
+    nexts = [*tree.tokens[1:], 0]
+    return np.eye(vocab)[nexts]
+
+
+def chain_rounds(pair: Any, rng: np.random.Generator, count: int, point_mass: bool) -> list[Round]:
+    """Ragged chains (0..GAMMA drafts), random and boundary noise."""
+    vocab = pair.vocab_size
+    rounds = []
+    for index in range(count):
+        length = int(rng.integers(0, GAMMA + 1))
+        if point_mass:  # deterministic drafts: any tokens, also ones the target rules out
+            tree = ss.DraftTree.chain(rng.integers(0, vocab, length).tolist(), law="iid")
+        elif length:
+            tree = ss.Shape.chain(length).draft(pair, rng)
+        else:
+            tree = ss.DraftTree.chain([], law="iid")
+        target, draft = tables(pair, tree)
+        if point_mass:
+            draft = point_mass_tables(tree, target)
+        size = tree.num_nodes
+        noise = [
+            ss.Noise.draw(rng, size),
+            ss.Noise.constant(0.0, size),
+            ss.Noise.constant(LARGEST_BELOW_ONE, size),
+        ][index % 3]
+        rounds.append((tree, target, draft, noise))
+    return rounds
+
+
+def layout(
+    rounds: list[Round], point_mass: bool, pad: float = 0.0, dtype: torch.dtype = torch.float64
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, ssg.Noise]:
+    batch, vocab = len(rounds), rounds[0][1].shape[1]
+    draft_tokens = torch.full((batch, GAMMA), -1, dtype=torch.long)
+    target = torch.full((batch, GAMMA + 1, vocab), pad, dtype=torch.float64)
+    draft = torch.full((batch, GAMMA, vocab), pad, dtype=torch.float64)
+    accept = torch.full((batch, GAMMA + 1), 0.5, dtype=torch.float64)
+    sample = accept.clone()
+    for row, (tree, t, d, noise) in enumerate(rounds):
+        n = tree.num_nodes - 1
+        draft_tokens[row, :n] = torch.tensor(tree.tokens[1:], dtype=torch.long)
+        target[row, : n + 1] = torch.tensor(t)
+        draft[row, :n] = torch.tensor(d[:n])
+        accept[row, : n + 1] = torch.tensor(noise.accept)
+        sample[row, : n + 1] = torch.tensor(noise.sample)
+    return (
+        draft_tokens,
+        target.to(dtype),
+        None if point_mass else draft.to(dtype),
+        ssg.Noise(accept, sample),
+    )
+
+
+def expected(name: str, rounds: list[Round]) -> list[tuple[int, int, tuple[int, ...]]]:
+    out = []
+    for tree, target, draft, noise in rounds:
+        node, token = ss.SCHEMES[name].verify(tree, target, draft, noise)
+        out.append((node, token, (*tree.prefix(node), token)))
+    return out
+
+
+def got(out: ssg.Verified) -> list[tuple[int, int, tuple[int, ...]]]:
+    rows = []
+    for node, token, tokens, count in zip(
+        out.node.tolist(),
+        out.token.tolist(),
+        out.tokens.tolist(),
+        out.num_emitted.tolist(),
+        strict=True,
+    ):
+        assert set(tokens[count:]) <= {-1}, tokens
+        rows.append((node, token, tuple(tokens[:count])))
+    return rows
+
+
+def mismatches(name: str, rounds: list[Round], point_mass: bool, **kwargs: Any) -> list:
+    draft_tokens, target, draft, noise = layout(rounds, point_mass)
+    out = ssg.verify_chain(name, draft_tokens, target, draft, noise, **kwargs)
+    return [
+        (row, a, b)
+        for row, (a, b) in enumerate(zip(got(out), expected(name, rounds), strict=True))
+        if a != b
+    ]
+
+
+# --------------------------------------------------------------------------- path-wise equality
+@pytest.mark.parametrize("point_mass", [False, True], ids=["draft_probs", "point_mass"])
+@pytest.mark.parametrize("vocab", [2, 5])
+def test_pathwise_every_chain_scheme(vocab: int, point_mass: bool) -> None:
+    names = chain_schemes()
+    assert {"standard", "specinfer", "rsd", "nss"} <= set(names)
+    for name in names:
+        for seed in range(3):
+            rounds = chain_rounds(
+                ss.pairs.Random(vocab, seed=seed), np.random.default_rng(seed), 18, point_mass
+            )
+            assert mismatches(name, rounds, point_mass) == [], name
+            assert mismatches(name, rounds, point_mass, validate=False) == [], name
+
+
+def test_equals_verify_on_a_tree_batch_of_chains() -> None:
+    """Same node numbering as ``DraftTree.chain``: the tree verifier on a TreeBatch agrees."""
+    rounds = chain_rounds(ss.pairs.Random(4, seed=3), np.random.default_rng(3), 12, False)
+    draft_tokens, target, draft, noise = layout(rounds, False)
+    for name in chain_schemes():
+        out = ssg.verify_chain(name, draft_tokens, target, draft, noise)
+        batch = ssg.TreeBatch.from_trees([r[0] for r in rounds])
+        tree_target, tree_draft = ssg.tables_batch([r[1] for r in rounds], [r[2] for r in rounds])
+        tree_noise = ssg.Noise.from_reference([r[3] for r in rounds])
+        walked = ssg.verify(name, batch, tree_target, tree_draft, tree_noise)
+        assert torch.equal(out.node, walked.node) and torch.equal(out.token, walked.token)
+
+
+@st.composite
+def hypothesis_chains(draw: Any, point_mass: bool) -> list[Round]:
+    vocab = draw(st.integers(2, 4))
+    pair = draw(model_pairs(vocab, GAMMA))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    uniform = st.one_of(
+        st.sampled_from([0.0, LARGEST_BELOW_ONE, 0.5]),
+        st.floats(0.0, 1.0, exclude_max=True, allow_nan=False),
+    )
+    rounds = []
+    for length in draw(st.lists(st.integers(0, GAMMA), min_size=1, max_size=5)):
+        if point_mass:
+            tokens = draw(st.lists(st.integers(0, vocab - 1), min_size=length, max_size=length))
+            tree = ss.DraftTree.chain(tokens, law="iid")
+        else:
+            tree = (
+                ss.Shape.chain(length).draft(pair, rng)
+                if length
+                else ss.DraftTree.chain([], law="iid")
+            )
+        target, draft = tables(pair, tree)
+        if point_mass:
+            draft = point_mass_tables(tree, target)
+        lanes = st.lists(uniform, min_size=tree.num_nodes, max_size=tree.num_nodes)
+        rounds.append(
+            (tree, target, draft, ss.Noise.checked(draw(lanes), draw(lanes), tree.num_nodes))
+        )
+    return rounds
+
+
+@pytest.mark.parametrize("point_mass", [False, True], ids=["draft_probs", "point_mass"])
+def test_pathwise_hypothesis_fast_path(point_mass: bool) -> None:
+    @settings(max_examples=60, deadline=None)
+    @given(hypothesis_chains(point_mass))
+    def check(rounds: list[Round]) -> None:
+        for name in ("standard", "specinfer", "rsd"):
+            assert mismatches(name, rounds, point_mass) == []
+
+    check()
+
+
+def test_padding_rows_never_read() -> None:
+    rounds = chain_rounds(ss.pairs.Random(5, seed=1), np.random.default_rng(1), 15, False)
+    for point_mass in (False, True):
+        draft_tokens, target, draft, noise = layout(rounds, point_mass, pad=float("nan"))
+        clean = layout(rounds, point_mass)
+        for name in chain_schemes():
+            a = ssg.verify_chain(name, draft_tokens, target, draft, noise)
+            b = ssg.verify_chain(name, *clean)
+            assert torch.equal(a.tokens, b.tokens), name
+
+
+# --------------------------------------------------------------------------- residual hits
+def hit_round() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, ssg.Noise]:
+    """p <= q everywhere at lane 0 (masses off by rounding): the rejection at lane 0 falls back
+    to p, whose draw is the drafted token -- the reference descends and tests lane 1."""
+    target = torch.tensor([[[0.5 - 2**-40, 0.5], [0.25, 0.75]]], dtype=torch.float64)
+    draft = torch.tensor([[[0.5, 0.5]]], dtype=torch.float64)
+    accept = torch.tensor([[0.5, LARGEST_BELOW_ONE]], dtype=torch.float64)
+    sample = torch.tensor([[0.0, 0.9]], dtype=torch.float64)
+    return torch.tensor([[0]]), target, draft, ssg.Noise(accept, sample)
+
+
+def test_zero_mass_residual_hit_descends_like_the_reference() -> None:
+    draft_tokens, target, draft, noise = hit_round()
+    tree = ss.DraftTree.chain([0], law="iid")
+    reference = ss.Noise(noise.accept[0].numpy(), noise.sample[0].numpy())
+    expect = ss.SCHEMES["standard"].verify(
+        tree, target[0].numpy(), np.vstack([draft[0].numpy(), [[0.5, 0.5]]]), reference
+    )
+    assert tuple(expect) == (1, 1)  # the hit descended: node 1, then the bonus
+    out = ssg.verify_chain("standard", draft_tokens, target, draft, noise)
+    assert (int(out.node[0]), int(out.token[0])) == (1, 1)
+    assert out.tokens.tolist() == [[0, 1]]
+    # sync-free: one round, the row stops on the drafted token (documented)
+    fast = ssg.verify_chain("standard", draft_tokens, target, draft, noise, validate=False)
+    assert fast.tokens.tolist() == [[0, -1]] and int(fast.node[0]) == 0
+
+
+# --------------------------------------------------------------------------- mutants
+class InclusiveAccept(C.StandardChain):
+    def tests(self, tables: C.ChainTables, accept_uniforms: torch.Tensor) -> torch.Tensor:
+        gamma = tables.draft_tokens.shape[1]
+        real = torch.arange(gamma)[None] < tables.num_drafts[:, None]
+        target_x = tables.target_flat[tables.target_index[:, :gamma], tables.draft_tokens]
+        draft_x = self.drafted_mass(tables, accept_uniforms)
+        return real & (accept_uniforms * draft_x.double() <= target_x.double())
+
+
+class PointMassKeepsToken(C.StandardChain):
+    """The point-mass residual keeps the rejected token (``p`` itself)."""
+
+    def residual(self, tables: C.ChainTables, target: Any, lane: Any, token: Any) -> Any:
+        if tables.draft_flat is None:
+            return target, target.sum(-1, keepdim=True)
+        return super().residual(tables, target, lane, token)
+
+
+class ResidualFromNextRow(C.StandardChain):
+    """The residual taken against the draft row after the stop (off by one)."""
+
+    def residual(self, tables: C.ChainTables, target: Any, lane: Any, token: Any) -> Any:
+        gamma = tables.draft_tokens.shape[1]
+        return super().residual(tables, target, (lane + 1).clamp_max(gamma - 1), token)
+
+
+class SampleLaneOffByOne(C.StandardChain):
+    """The stop token drawn with the next node's sample uniform."""
+
+    def stop_round(self, tables: Any, accepted: Any, sample_uniforms: Any, start: Any) -> Any:
+        shifted = torch.cat([sample_uniforms[:, 1:], sample_uniforms[:, :1]], dim=1)
+        return super().stop_round(tables, accepted, shifted, start)
+
+
+class NoHitRounds(C.StandardChain):
+    """Never resumes after a residual hit."""
+
+    def run(self, tables: Any, noise: Any, rounds: Any = None) -> Any:
+        return super().run(tables, noise, 1)
+
+
+MUTANTS = [InclusiveAccept(), PointMassKeepsToken(), ResidualFromNextRow(), SampleLaneOffByOne()]
+
+
+def engine_mismatches(engine: C.StandardChain, rounds: list[Round], point_mass: bool) -> int:
+    draft_tokens, target, draft, noise = layout(rounds, point_mass)
+    lengths = C.draft_lengths(draft_tokens)
+    out, _ = engine.run(C.padded_tables(draft_tokens, lengths, target, draft), noise)
+    return sum(a != b for a, b in zip(got(out), expected("standard", rounds), strict=True))
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: type(m).__name__)
+def test_mutants_of_the_fast_path_are_caught(mutant: C.StandardChain) -> None:
+    found = 0
+    for seed in range(6):
+        for point_mass in (False, True):
+            pair = ss.pairs.Random(3, seed=seed)
+            rounds = chain_rounds(pair, np.random.default_rng(seed), 18, point_mass)
+            assert engine_mismatches(C.STANDARD_CHAIN, rounds, point_mass) == 0
+            found += engine_mismatches(mutant, rounds, point_mass)
+    assert found > 0
+
+
+def test_no_hit_rounds_mutant_is_caught() -> None:
+    draft_tokens, target, draft, noise = hit_round()
+    lengths = C.draft_lengths(draft_tokens)
+    tables_ = C.padded_tables(draft_tokens, lengths, target, draft)
+    good, _ = C.STANDARD_CHAIN.run(tables_, noise)
+    bad, _ = NoHitRounds().run(tables_, noise)
+    assert good.tokens.tolist() == [[0, 1]] and bad.tokens.tolist() != good.tokens.tolist()
+
+
+def test_subclass_of_a_fast_lowering_runs_its_own_walk() -> None:
+    """A mutant lowering named 'standard' must not be silently replaced by the fast path."""
+
+    class Inclusive(ssg.schemes.standard.Standard):
+        def accepts(self, u: Any, target_x: Any, draft_x: Any) -> Any:
+            return u * draft_x.double() <= target_x.double()
+
+    tokens = torch.tensor([[1]])
+    target = torch.tensor([[[1.0, 0.0], [0.5, 0.5]]], dtype=torch.float64)
+    draft = torch.tensor([[[0.5, 0.5]]], dtype=torch.float64)
+    zeros = torch.zeros((1, 2), dtype=torch.float64)
+    noise = ssg.Noise(zeros, zeros)
+    assert int(ssg.verify_chain("standard", tokens, target, draft, noise).node[0]) == 0
+    assert int(ssg.verify_chain(Inclusive(), tokens, target, draft, noise).node[0]) == 1
+
+
+def test_hot_path_has_no_host_synchronisation() -> None:
+    sources = [inspect.getsource(getattr(C.StandardChain, m)) for m in C.StandardChain.hot_path]
+    sources += [
+        inspect.getsource(f)
+        for f in (ssg.ops.categorical, ssg.ops.last_positive, C.stop_distribution)
+    ]
+    for source in sources:
+        body = source.split('"""')[-1]
+        for forbidden in (".item(", ".tolist(", "bool(", "int(", "float(", ".nonzero(", "if "):
+            assert forbidden not in body, forbidden
+
+
+class PointMassDraft:
+    """``pair`` whose draft is the point mass on the argmax of ``pair``'s draft (ties to the
+    lowest id): a deterministic drafter (n-gram / argmax), exact when ``pair`` is exact."""
+
+    def __init__(self, pair: Any) -> None:
+        self._pair = pair
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._pair.vocab_size)
+
+    def target(self, prefix: tuple[int, ...]) -> Any:
+        return self._pair.target(prefix)
+
+    def draft(self, prefix: tuple[int, ...]) -> Any:
+        draft = self._pair.draft(prefix)
+        point = np.array([Fraction(0)] * len(draft), dtype=object)
+        point[int(np.argmax(np.asarray(draft, dtype=np.float64)))] = Fraction(1)
+        exact = isinstance(draft[0], Fraction)
+        return point if exact else point.astype(np.float64)
+
+
+def test_point_mass_drafts_are_exact_for_every_chain_scheme() -> None:
+    """Exact engine: the round law of each scheme point-mass drafts are routed to is the target's
+    (Fractions: exactly 0)."""
+    pair = PointMassDraft(ss.pairs.Random(3, seed=2, exact=True))
+    for name in chain_schemes():
+        assert ss.lossless_error(name, pair, ss.Shape.chain(3)) == 0, name
+
+
+def test_argmax_draft_with_softmax_q_is_lossy() -> None:
+    """Negative control: a deterministic draft verified with the draft's *softmax* ``q`` (not
+    the point mass) emits the wrong law -- why ``draft_probs=None`` exists (peer bug B14)."""
+    target = np.array([Fraction(1, 2), Fraction(1, 3), Fraction(1, 6)], dtype=object)
+    softmax = np.array([Fraction(1, 4), Fraction(1, 2), Fraction(1, 4)], dtype=object)
+    drafted = 1  # the argmax, drafted with probability 1
+    for draft, lossless in ((softmax, False), (np.eye(3, dtype=int)[drafted] + Fraction(0), True)):
+        accept, stop = ss.ops.standard_step_law(target, draft, drafted)
+        law = stop.copy()
+        law[drafted] += accept
+        assert (list(law) == list(target)) is lossless
+
+
+def test_point_mass_rounds_match_the_target_law() -> None:
+    """Chi-square on counts of the fast path's first emitted token (point-mass drafts, fresh
+    noise) against the target (alpha 1e-4, every expected count >= 5)."""
+    from scipy import stats
+
+    pair = ss.pairs.Random(4, seed=4)
+    draws, draft = 6000, PointMassDraft(pair).draft
+    first = int(np.argmax(draft(())))
+    second = int(np.argmax(draft((first,))))
+    rows = [pair.target(()), pair.target((first,)), pair.target((first, second))]
+    target = torch.tensor(np.array(rows, dtype=np.float64))[None].expand(draws, -1, -1)
+    out = ssg.verify_chain(
+        "standard",
+        torch.tensor([[first, second]] * draws),
+        target.contiguous(),
+        None,
+        generator=torch.Generator().manual_seed(0),
+    )
+    counts = np.bincount(out.tokens[:, 0].numpy(), minlength=4)
+    expect = pair.target(()) * draws
+    assert expect.min() >= 5
+    assert stats.chisquare(counts, expect).pvalue > 1e-4
+
+
+# --------------------------------------------------------------------------- input errors
+def test_invalid_inputs_name_the_argument() -> None:
+    tokens = torch.tensor([[1, 0]])
+    target = torch.full((1, 3, 3), 1 / 3, dtype=torch.float64)
+    draft = torch.full((1, 2, 3), 1 / 3, dtype=torch.float64)
+    cases = [
+        (tokens.double(), target, draft, "draft_tokens: expected an integer tensor"),
+        (tokens, target[:, :2], draft, r"target_probs: expected shape \(1, 3, vocab_size\)"),
+        (tokens, target, draft[..., :2], "draft_probs: vocabulary mismatch"),
+        (torch.tensor([[3, 0]]), target, draft, r"draft_tokens\[0, 0\]: token id 3"),
+        (torch.tensor([[1, -2]]), target, draft, r"draft_tokens\[0, 1\]: token id -2"),
+    ]
+    bad = target.clone()
+    bad[0, 1, 1] = float("nan")
+    cases.append((tokens, bad, draft, r"target_probs\[0, 1\]: NaN or inf at index 1"))
+    bad = draft.clone()
+    bad[0, 1] = torch.tensor([0.0, 0.5, 0.5])
+    cases.append((tokens, target, bad, r"draft_probs\[0, 1\]: the drafted token 0 has zero"))
+    for t, p, q, message in cases:
+        with pytest.raises(ss.InvalidDistribution, match=message):
+            ssg.verify_chain("standard", t, p, q)
+    noise = ssg.Noise(torch.ones((1, 3), dtype=torch.float64), torch.zeros((1, 3)).double())
+    with pytest.raises(ss.InvalidDistribution, match=r"noise.accept\[0\]"):
+        ssg.verify_chain("standard", tokens, target, draft, noise)
+    with pytest.raises(ss.InvalidDistribution, match="num_draft_tokens: every length"):
+        ssg.verify_chain("standard", tokens, target, draft, num_draft_tokens=[3])
+    padded = target.clone()
+    padded[0, 2] = float("nan")  # row 2 is padding for a one-draft chain: never checked
+    ssg.verify_chain("standard", tokens, padded, draft, num_draft_tokens=[1])
+    keyed = [n for n, low in ssg.SCHEMES.items() if not isinstance(low, ssg.schemes.TreeLowering)]
+    for name in keyed:
+        with pytest.raises(ss.UnsupportedShape, match="keyed coupling"):
+            ssg.verify_chain(name, tokens, target, draft)
+
+
+def test_fresh_noise_is_seeded_by_the_generator() -> None:
+    tokens = torch.tensor([[1, 0], [2, -1]])
+    target = torch.softmax(torch.randn(2, 3, 5, generator=torch.Generator().manual_seed(1)), -1)
+    runs = [
+        ssg.verify_chain(
+            "specinfer", tokens, target.double(), None, generator=torch.Generator().manual_seed(7)
+        )
+        for _ in range(2)
+    ]
+    explicit = ssg.verify_chain(
+        "specinfer",
+        tokens,
+        target.double(),
+        None,
+        C.chain_noise(2, 2, torch.Generator().manual_seed(7)),
+    )
+    assert torch.equal(runs[0].tokens, runs[1].tokens)
+    assert torch.equal(runs[0].tokens, explicit.tokens)
+    assert runs[0].num_emitted.tolist()[1] <= 2  # the -1 padded row has one draft
