@@ -30,21 +30,30 @@ try:
 except ImportError as error:  # pragma: no cover - exercised only without torch
     raise ImportError('specsampling.gpu needs torch: pip install "specsampling[torch]"') from error
 
-from . import keyed
+from . import drafting, keyed
 from .api import tables_batch, verify
+from .chain import verify_chain
+from .generate import KeyedGeneration, generate
 from .noise import Noise
 from .processing import process
 from .schemes import SCHEMES, Verified, get_lowering
+from .speculate import Speculation, speculate
 from .tree import TreeBatch
 
 __all__ = [
     "SCHEMES",
+    "KeyedGeneration",
     "Noise",
+    "Speculation",
     "TreeBatch",
     "Verified",
+    "drafting",
+    "generate",
     "get_lowering",
     "keyed",
     "process",
+    "speculate",
     "tables_batch",
     "verify",
+    "verify_chain",
 ]

@@ -253,6 +253,55 @@ class Shape:
         tree, _ = next(self._grow(pair, tuple(prefix), choose))
         return tree
 
+    def draft_with_noise(self, pair: ModelPair, noise: Any, prefix: Prefix = ()) -> DraftTree:
+        """Draft one tree after ``prefix`` from explicit drafting noise.
+
+        Parameters
+        ----------
+        pair : ModelPair
+            Only its draft distributions are read.
+        noise : array_like of float, shape (len(steps),)
+            The drafting noise: one uniform in ``[0, 1)`` per draw step, in :attr:`steps`
+            order. Step ``s`` draws its token by inverse CDF
+            (:func:`~specsampling.ops.categorical`, clipped to the last token of positive mass)
+            from its proposal with ``noise[s]``. A step that draws deterministically (``top``,
+            and ``hub`` when it takes the hub) or is skipped (its parent was skipped, or
+            ``without``/``top`` found the draft's support exhausted) leaves its uniform unread,
+            so the layout does not depend on the tree drafted.
+        prefix : tuple of int
+            The context drafted after.
+
+        Returns
+        -------
+        DraftTree
+            The tree :meth:`draft` would draw had its generator returned these uniforms, with
+            the shape's law. Fed the same noise, :func:`specsampling.gpu.drafting.draft` (the
+            tensor drafter) returns the same tree.
+
+        Examples
+        --------
+        >>> from specsampling.pairs import Stationary
+        >>> pair = Stationary([0.5, 0.5], [0.25, 0.75])
+        >>> Shape.star(2, replacement=False).draft_with_noise(pair, [0.1, 0.9]).tokens
+        (-1, 0, 1)
+        >>> Shape.chain(2).draft_with_noise(pair, [0.3, 0.2]).tokens  # 0.3 >= q(0) = 0.25
+        (-1, 1, 0)
+        """
+        uniforms = np.asarray(noise, dtype=np.float64)
+        if uniforms.shape != (len(self.steps),):
+            raise ValueError(
+                f"noise: expected {len(self.steps)} uniforms (one per draw step of {self!r}), "
+                f"got shape {uniforms.shape}"
+            )
+        if not bool(np.all((uniforms >= 0) & (uniforms < 1))):
+            raise ValueError("noise: uniforms must lie in [0, 1)")
+
+        def choose(probs: Probs, path: Prefix, step: int) -> Iterable[tuple[int, Scalar]]:
+            return ((categorical(probs, float(uniforms[step])), 1),)
+
+        tree, _ = next(self._grow(pair, tuple(prefix), choose))
+        return tree
+
     def enumerate(self, pair: ModelPair, prefix: Prefix = ()) -> Iterator[tuple[DraftTree, Any]]:
         """Every tree this shape can draft after ``prefix``, with its exact probability.
 
