@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
@@ -34,3 +35,15 @@ settings.register_profile(
 )
 
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect ``slow`` tests unless a marker expression is given (``-m slow`` selects them):
+    the default run stays short, and nothing long is skipped silently (they count as
+    deselected)."""
+    if config.getoption("-m"):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow") is not None]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if item.get_closest_marker("slow") is None]

@@ -20,6 +20,9 @@ under perturbed draft probabilities.
 
 Vocabulary sizes are chosen per shape so that the enumeration stays small
 (:data:`TREE_BUDGET`); the whole run takes about half a minute.
+
+:func:`specsampling.certify_torch.certify_torch` (``specsampling certify --backend torch``)
+checks the torch lowerings of :mod:`specsampling.gpu` against these certified references.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -39,8 +42,18 @@ from .invariance import conditional_violations, strong_violations
 from .noise import Noise
 from .pairs import ModelPair, Random, Stationary
 from .sampling import speculate
-from .schemes import SCHEMES, KeyedCoupling, Scheme, TreeVerifier, get_scheme, tables
+from .schemes import (
+    SCHEMES,
+    KeyedCoupling,
+    Scheme,
+    TreeVerifier,
+    get_scheme,
+    tables,
+)
 from .shapes import Shape
+
+if TYPE_CHECKING:
+    from .certify_torch import TorchReport
 
 #: Largest float error a certified scheme may show (exact cases must be exactly 0).
 TOLERANCE = 1e-12
@@ -197,7 +210,7 @@ class Report:
         }
 
 
-def exit_code(report: Report) -> int:
+def exit_code(report: Report | TorchReport) -> int:
     """``0`` when every scheme is certified, ``1`` on any violation (the CLI's exit status)."""
     return 0 if report.certified else 1
 

@@ -1,9 +1,10 @@
 """Command line.
 
 ``specsampling certify`` re-derives every scheme's guarantees on this machine: exit status ``0``
-when every scheme is certified, ``1`` on any violation. ``specsampling compare`` prints every
-scheme's exact acceptance next to the optimum (or, with ``--shape``, every scheme's exact
-expected emitted tokens on a tree). Usage errors exit with ``2``.
+when every scheme is certified, ``1`` on any violation (``--backend torch``: every torch lowering
+against its reference, a scheme not lowered yet counting as a violation). ``specsampling
+compare`` prints every scheme's exact acceptance next to the optimum (or, with ``--shape``,
+every scheme's exact expected emitted tokens on a tree). Usage errors exit with ``2``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import numpy as np
 
 from . import __version__
 from .certify import Report, SchemeReport, certify, exit_code
+from .certify_torch import TorchReport, TorchSchemeReport, certify_torch
 from .compare import Comparison, TreeRow, compare, compare_tree, parse_shape
 from .errors import InvalidDistribution, UnsupportedShape
 from .pairs import ModelPair, Random, Stationary
@@ -46,7 +48,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as stop:  # argparse: --help, --version and usage errors
         return stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 2
     if args.command == "certify":
-        return _certify(args.scheme, as_json=args.json, show_progress=not args.no_progress)
+        return _certify(
+            args.scheme,
+            as_json=args.json,
+            show_progress=not args.no_progress,
+            backend=args.backend,
+        )
     if args.command == "compare":
         try:
             return _compare(args)
@@ -108,6 +115,15 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NAME",
         type=_scheme_name,
         help=f"certify only this scheme (repeatable; registered: {', '.join(SCHEMES)})",
+    )
+    run.add_argument(
+        "--backend",
+        choices=("numpy", "torch"),
+        default="numpy",
+        help="numpy (default): certify the reference schemes by exact enumeration; torch: "
+        "check every torch lowering (specsampling.gpu) path-wise against its certified "
+        "reference on every built-in shape, drafted and enumerated trees with boundary noise; "
+        "schemes not lowered yet fail (needs torch)",
     )
     run.add_argument("--json", action="store_true", help="print a machine-readable report")
     run.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -198,14 +214,29 @@ def _scheme_name(name: str) -> str:
     return name
 
 
-def _certify(names: list[str] | None, *, as_json: bool, show_progress: bool) -> int:
+def _certify(
+    names: list[str] | None, *, as_json: bool, show_progress: bool, backend: str = "numpy"
+) -> int:
     bar = _Bar(sys.stderr) if show_progress else None
-    report = certify(None if names is None else list(dict.fromkeys(names)), progress=bar)
+    selected = None if names is None else list(dict.fromkeys(names))
+    report: Report | TorchReport
+    if backend == "torch":
+        try:
+            report = certify_torch(selected, progress=bar)
+        except ImportError as err:  # torch (or specsampling.gpu) is missing
+            if bar is not None:
+                bar.close()
+            sys.stderr.write(f"specsampling certify: {err}\n")
+            return 2
+    else:
+        report = certify(selected, progress=bar)
     if bar is not None:
         bar.close()
     if as_json:
         json.dump(report.to_dict(), sys.stdout, indent=2)
         sys.stdout.write("\n")
+    elif isinstance(report, TorchReport):
+        sys.stdout.write(format_torch_report(report))
     else:
         sys.stdout.write(format_report(report))
     return exit_code(report)
@@ -497,6 +528,73 @@ def _row(scheme: SchemeReport) -> tuple[str, ...]:
         exact,
         emitted,
         closed,
+        verdict,
+    )
+
+
+def format_torch_report(report: TorchReport) -> str:
+    """The ``--backend torch`` report: the same layout as :func:`format_report`."""
+    header = (
+        "scheme",
+        "lowering",
+        "supported shapes",
+        "cases",
+        "path-wise rows",
+        "law trees (rows)",
+        "keyed streams",
+        "verdict",
+    )
+    lines = format_table(header, [_torch_row(s) for s in report.schemes]).splitlines()
+    lines.append("")
+    for scheme in report.schemes:
+        lines.append(f"{scheme.name}: supports {', '.join(scheme.supported) or 'nothing'}")
+        if scheme.note:
+            lines.append(f"  NOT LOWERED: {scheme.note}")
+        if scheme.refused and scheme.lowering == "tree":
+            refused = ", ".join(scheme.refused)
+            lines.append(f"  refuses (raises UnsupportedShape): {refused}")
+        for v in scheme.violations[:MAX_LISTED]:
+            lines.append(f"  VIOLATION [{v.kind}] {v.shape} on {v.pair}: {v.detail}")
+        if len(scheme.violations) > MAX_LISTED:
+            lines.append(f"  ... and {len(scheme.violations) - MAX_LISTED} more violations")
+        if scheme.lowering != "not lowered" and scheme.cases == 0:
+            lines.append("  no built-in shape is supported: nothing was checked")
+    cases = sum(s.cases for s in report.schemes)
+    missing = [s.name for s in report.schemes if s.lowering == "not lowered"]
+    failed = [s.name for s in report.schemes if not s.certified and s.name not in missing]
+    parts = [
+        f"{label}: {', '.join(names)}"
+        for label, names in (("violations", failed), ("not lowered", missing))
+        if names
+    ]
+    verdict = f"NOT certified ({'; '.join(parts)})" if parts else "all certified"
+    count = len(report.schemes)
+    lines.append("")
+    lines.append(
+        f"{count} scheme{'s' if count != 1 else ''}, {cases} cases, torch {report.torch_version}"
+        f" float64 on {report.device}, path-wise equality with the reference, "
+        f"{report.seconds:.1f} s: {verdict}"
+    )
+    return "\n".join(lines) + "\n"
+
+
+def _torch_row(scheme: TorchSchemeReport) -> tuple[str, ...]:
+    total = len(scheme.supported) + len(scheme.refused)
+    if scheme.lowering == "not lowered":
+        verdict = "NOT LOWERED"
+    elif scheme.certified:
+        verdict = "certified"
+    else:
+        verdict = f"VIOLATION ({len(scheme.violations)})"
+    law = f"{scheme.law_trees} ({scheme.law_rows})" if scheme.law_rows else "-"
+    return (
+        scheme.name,
+        scheme.lowering,
+        f"{len(scheme.supported)} of {total}",
+        str(scheme.cases),
+        str(scheme.pathwise_rows) if scheme.pathwise_rows else "-",
+        law,
+        str(scheme.keyed_streams) if scheme.keyed_streams else "-",
         verdict,
     )
 
