@@ -33,7 +33,6 @@ are processed in float64, as the reference does.
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 from typing import Any
 
@@ -43,6 +42,8 @@ import torch
 from specsampling.errors import InvalidDistribution
 from specsampling.processing import _count, _real
 from specsampling.validation import as_real_array
+
+from . import ops
 
 _TEMPERATURE = "a finite number >= 0"
 _TOP_P = "a number with 0 < top_p <= 1, or None"
@@ -153,82 +154,12 @@ def _keep(probs: torch.Tensor, top_k: _Parameter, top_p: _Parameter) -> torch.Te
 
 
 def _row_sum(values: torch.Tensor) -> torch.Tensor:
-    """Row sums ``[R, 1]`` of ``values [R, V]``; in float64, added in numpy's pairwise order.
-
-    ``numpy.sum`` along a contiguous axis halves it (at a multiple of 8) down to blocks of at
-    most 128 entries, sums each block in 8 interleaved lanes, then its remainder (only the last
-    block has one), and adds the halves back up. The same additions in the same order round the
-    same way, so the kept sets match the reference even where a top-p threshold is hit exactly
-    (equal probabilities, say). Loops run over lane steps and tree levels, never over tokens.
-    """
+    """Row sums ``[R, 1]`` of ``values [R, V]``; in float64 added in numpy's pairwise order
+    (:func:`specsampling.gpu.ops.numpy_sum`), so the kept sets match the reference even where a
+    top-p threshold is hit exactly (equal probabilities, say)."""
     if values.dtype != torch.float64:
         return values.sum(-1, keepdim=True)  # [R, 1]
-    num_rows, vocab_size = values.shape
-    if vocab_size < 8:  # one short block: 0 + v_0 + v_1 + ...
-        total = values.new_zeros(num_rows)
-        for j in range(vocab_size):
-            total = total + values[:, j]
-        return total[:, None]
-    groups, num_blocks, num_nodes, levels = _pairwise_plan(vocab_size, values.device)
-    octets = values[:, : vocab_size - vocab_size % 8].reshape(num_rows, -1, 8)  # [R, V // 8, 8]
-    block_sums = values.new_empty(num_rows, num_blocks)  # [R, L]
-    for blocks, first_octets, length in groups:  # the blocks of `length` octets: [Lg] each
-        lanes = octets.index_select(1, first_octets)  # [R, Lg, 8]
-        for i in range(1, length):
-            lanes = lanes + octets.index_select(1, first_octets + i)
-        block_sums[:, blocks] = (
-            (lanes[..., 0] + lanes[..., 1]) + (lanes[..., 2] + lanes[..., 3])
-        ) + ((lanes[..., 4] + lanes[..., 5]) + (lanes[..., 6] + lanes[..., 7]))
-    for j in range(vocab_size - vocab_size % 8, vocab_size):  # the last block's remainder
-        block_sums[:, -1] += values[:, j]
-    sums = torch.cat([block_sums, block_sums.new_empty(num_rows, num_nodes - num_blocks)], -1)
-    for node, left, right in levels:  # halves added bottom-up, as numpy's recursion returns
-        sums[:, node] = sums[:, left] + sums[:, right]
-    return sums[:, -1:]  # [R, 1], the root
-
-
-@functools.lru_cache(maxsize=32)
-def _pairwise_plan(vocab_size: int, device: torch.device):
-    """numpy's pairwise-summation tree over ``vocab_size >= 8`` entries, as index tensors.
-
-    Blocks start at multiples of 8 and hold 1 to 16 whole octets (only the last one has a
-    remainder). Returns, per octet count m, the block ids and their first octets (``[Lg]`` each);
-    the block count L and node count (blocks are nodes ``0..L-1``, the root last); and, per tree
-    height, the ``(node, left, right)`` ids of the internal nodes.
-    """
-    blocks, internal = [], []  # (start, size); (height, left ref, right ref)
-
-    def build(start: int, size: int) -> tuple[tuple[str, int], int]:  # (ref, height)
-        if size <= 128:
-            blocks.append((start, size))
-            return ("block", len(blocks) - 1), 0
-        half = size // 2 - (size // 2) % 8
-        left, left_height = build(start, half)
-        right, right_height = build(start + half, size - half)
-        internal.append((max(left_height, right_height) + 1, left, right))
-        return ("node", len(internal) - 1), internal[-1][0]
-
-    build(0, vocab_size)
-
-    def node_id(ref: tuple[str, int]) -> int:
-        return ref[1] if ref[0] == "block" else len(blocks) + ref[1]
-
-    levels = []
-    for height in sorted({h for h, _, _ in internal}):
-        nodes = [
-            (len(blocks) + k, node_id(left), node_id(right))
-            for k, (h, left, right) in enumerate(internal)
-            if h == height
-        ]
-        levels.append(tuple(torch.tensor(c, device=device) for c in zip(*nodes, strict=True)))
-    groups = []
-    for length in sorted({size // 8 for _, size in blocks}):
-        ids = [b for b, (_, size) in enumerate(blocks) if size // 8 == length]
-        first = [blocks[b][0] // 8 for b in ids]
-        groups.append(
-            (torch.tensor(ids, device=device), torch.tensor(first, device=device), length)
-        )
-    return groups, len(blocks), len(blocks) + len(internal), levels
+    return ops.numpy_sum(values)[:, None]  # [R, 1]
 
 
 def _top_k_by_threshold(probs: torch.Tensor, counts: torch.Tensor, k_max: int) -> torch.Tensor:

@@ -21,7 +21,8 @@ import specsampling as ss
 from proofs_tests.catalogue import SHAPES as CATALOGUE
 from proofs_tests.strategies import model_pairs
 from specsampling import gpu as ssg
-from specsampling.gpu.schemes.greedy import Greedy, normalise, numpy_sum
+from specsampling.gpu.ops import normalise, numpy_sum
+from specsampling.gpu.schemes.greedy import Greedy
 from specsampling.gpu.schemes.spechub import Plan, SpecHub
 from specsampling.noise import LARGEST_BELOW_ONE
 from specsampling.pairs import Stationary

@@ -18,7 +18,7 @@ iff :math:`u_\text{accept}[x_2]\,B < p'(a)`; for :math:`(a, i)` accept :math:`i`
 :math:`u_\text{accept}[x_1]\,A < p(a)`; else stop with :math:`\mathrm{norm}(p'')` (:math:`p` when
 it has no mass). A node with one candidate (a one-hot draft, or a chain) runs standard
 speculative sampling: accept iff :math:`u\,q(x) < p(x)`, else :math:`\mathrm{norm}((p - q)_+)`.
-Every sum is :func:`~specsampling.gpu.schemes.greedy.numpy_sum` (numpy's rounding order), so
+Every sum is :func:`~specsampling.gpu.ops.numpy_sum` (numpy's rounding order), so
 the float64 thresholds are the reference's bit for bit.
 """
 
@@ -32,7 +32,6 @@ import torch.nn.functional as F
 from .. import ops
 from ..tree import PAD
 from .base import NodeLowering, NodeStep
-from .greedy import normalise, numpy_sum
 
 
 class Plan(NamedTuple):
@@ -75,14 +74,14 @@ def hub_plan(target: torch.Tensor, draft: torch.Tensor, hub: torch.Tensor) -> Pl
     pair_first = torch.where(others, draft, zero)  # [B, V]
     draft_hub = ops.gather_tokens(draft, hub)  # [B]
     target_hub = ops.gather_tokens(target, hub)  # [B]
-    pair_second = draft_hub[:, None] * normalise(pair_first)[0]  # [B, V]
+    pair_second = draft_hub[:, None] * ops.normalise(pair_first)[0]  # [B, V]
     sent_first = torch.where(others, torch.minimum(pair_first, target), zero)  # [B, V]
     sent_second = torch.where(
         others, torch.minimum(pair_second, target - sent_first), zero
     )  # [B, V]
-    free_second = numpy_sum(pair_second - sent_second)  # [B] A
+    free_second = ops.numpy_sum(pair_second - sent_second)  # [B] A
     hub_left = target_hub - torch.minimum(free_second, target_hub)  # [B] p'(a)
-    free_first = numpy_sum(pair_first - sent_first)  # [B] B
+    free_first = ops.numpy_sum(pair_first - sent_first)  # [B] B
     to_hub_first = torch.minimum(free_first, hub_left)  # [B]
     leftover = torch.where(others, target - sent_first - sent_second, zero)  # [B, V]
     leftover = leftover.scatter(-1, hub[:, None], (hub_left - to_hub_first)[:, None])
@@ -132,7 +131,7 @@ class SpecHub(NodeLowering):
         single_passes = self.accepts(
             uniforms[:, 0], ops.gather_tokens(target, single), ops.gather_tokens(draft, single)
         )  # [B]
-        weights, has_mass = normalise((target - draft).clamp_min(0))  # [B, V], [B, 1]
+        weights, has_mass = ops.normalise((target - draft).clamp_min(0))  # [B, V], [B, 1]
         single_stop = torch.where(has_mass, weights, target)  # [B, V]
 
         # Two candidates: the pair's row of the plan.
@@ -162,7 +161,7 @@ class SpecHub(NodeLowering):
             hub_denominator,
         )  # [B]
         pair_slot = torch.where(own_passes, own_slot, torch.where(hub_passes, 1 - own_slot, PAD))
-        left, left_mass = normalise(plan.leftover)  # [B, V], [B, 1]
+        left, left_mass = ops.normalise(plan.leftover)  # [B, V], [B, 1]
         pair_stop = torch.where(left_mass, left, target)  # [B, V]
 
         accepted = torch.where(paired, pair_slot, torch.where(single_passes, 0, PAD))  # [B]
