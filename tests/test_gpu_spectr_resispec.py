@@ -258,7 +258,7 @@ def test_policy_methods_never_synchronise() -> None:
         lowered.top_mask,
         lowered.ratio_sub_target,
         lowered.ResiSpec.walk,
-        lowered.ResiSpec.node_step,
+        lowered.ResiSpec.step,
         lowered_spectr.SpecTr.node_step,
     ]
     for cls in lowered.POLICIES.values():

@@ -111,9 +111,35 @@ class TreeLowering(Lowering, ABC):
 
 class NodeLowering(TreeLowering):
     """Base of the lowered node schemes (:class:`~specsampling.schemes.NodeScheme`); a subclass
-    gives :meth:`node_step`, and the shared top-down :meth:`walk` does the rest."""
+    gives :meth:`node_step`, and the shared top-down :meth:`walk` does the rest.
 
-    hot_path: ClassVar[tuple[str, ...]] = ("walk", "node_step")
+    A rule that needs per-node parameters computed once per call (ResiSpec's policy choice, each
+    row's law) gives :meth:`node_extras` and decides in :meth:`step`, which receives the node's
+    extras; by default there are none and :meth:`step` is :meth:`node_step`.
+    """
+
+    hot_path: ClassVar[tuple[str, ...]] = ("walk", "step", "node_step")
+
+    def node_extras(
+        self,
+        batch: TreeBatch,
+        target_probs: torch.Tensor,  # [B, N, V]
+        draft_probs: torch.Tensor,  # [B, N, V]
+    ) -> torch.Tensor:
+        """Per-node parameters ``[B, N, P]`` for :meth:`step`, once per call (default ``P = 0``)."""
+        return draft_probs.new_zeros(batch.batch_size, draft_probs.shape[1], 0)
+
+    def step(
+        self,
+        extras: torch.Tensor,  # [B, P]
+        target: torch.Tensor,  # [B, V]
+        draft: torch.Tensor,  # [B, V]
+        candidate_tokens: torch.Tensor,  # [B, C]
+        candidate_valid: torch.Tensor,  # [B, C] bool
+        accept_uniforms: torch.Tensor,  # [B, C] float64
+    ) -> NodeStep:
+        """Decide at a node given its extras; by default :meth:`node_step` (no extras)."""
+        return self.node_step(target, draft, candidate_tokens, candidate_valid, accept_uniforms)
 
     # ------------------------------------------------------------------ the per-node rule
     @abstractmethod
@@ -160,6 +186,7 @@ class NodeLowering(TreeLowering):
             (batch_size, batch.max_depth + 1), PAD, dtype=torch.long, device=device
         )  # [B, D + 1]
         node_tokens = batch.tokens.clamp_min(0)  # [B, N]
+        extras = self.node_extras(batch, target_probs, draft_probs)  # [B, N, P]
         for depth in range(batch.max_depth + 1):
             candidate_nodes = batch.candidates[rows, node]  # [B, C]
             valid = self.candidate_mask(candidate_nodes)  # [B, C]
@@ -170,7 +197,8 @@ class NodeLowering(TreeLowering):
             draft = draft_probs[rows, node]  # [B, V]
             leaf = ~valid.any(-1)  # [B]
 
-            step = self.node_step(target, draft, candidate_tokens, valid, accept_uniforms)
+            extra = extras[rows, node]  # [B, P]
+            step = self.step(extra, target, draft, candidate_tokens, valid, accept_uniforms)
             bonus = target_probs[rows, self.bonus_row(batch, node)]  # [B, V]
             stop_probs = torch.where(leaf[:, None], bonus, step.stop_probs)  # [B, V]
             drawn = ops.categorical(stop_probs, noise.sample[rows, node])  # [B]

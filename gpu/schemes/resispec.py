@@ -33,9 +33,9 @@ Policies (one lowering object per reference policy object, :func:`lower_policy`)
   synchronisation per verify call, before the walk) and hands the walk the chosen rule as
   explicit per-node tensors ``(kind, rho, scale, threshold)``; everything after is batched.
 
-How per-row data reaches :meth:`ResiSpec.node_step`: :meth:`ResiSpec.walk` appends
-``PARAMETERS`` columns to the draft table (the walk passes the draft row only to ``node_step``):
-column 0 is 1 for a without-replacement row, the others the policy's per-node parameters.
+How per-row data reaches the rule: :meth:`ResiSpec.node_extras` gives the walk ``[B, N, 1 + P]``
+once per call (column 0 is 1 for a without-replacement row, the others the policy's per-node
+parameters), and :meth:`ResiSpec.step` reads the current node's row.
 """
 
 from __future__ import annotations
@@ -52,9 +52,8 @@ from specsampling.schemes import resispec as reference
 from specsampling.tree import DrawLaw
 
 from .. import ops
-from ..noise import Noise
 from ..tree import PAD, TreeBatch
-from .base import NodeLowering, NodeStep, Verified
+from .base import NodeLowering, NodeStep
 from .spectr import accept_probability, later_copies, optimal_rho, reuse_uniform
 
 #: Resolved-rule kinds of :class:`Optimised` (column 1 of its node parameters).
@@ -283,21 +282,21 @@ class ResiSpec(NodeLowering):
             return registered
         return reference.ResiSpec(self.policy.reference)
 
-    def walk(
+    hot_path: ClassVar[tuple[str, ...]] = ("walk", "step", "reuse", "shaped_rest")
+
+    def node_extras(
         self,
         batch: TreeBatch,
         target_probs: torch.Tensor,  # [B, N, V]
         draft_probs: torch.Tensor,  # [B, N, V]
-        noise: Noise,  # [B, N] float64 each
-    ) -> Verified:
-        """The base walk with the row law and the policy's node parameters as extra draft
-        columns (``[B, N, V + 1 + P]``)."""
+    ) -> torch.Tensor:
+        """Each row's law (``1``: without replacement) and the policy's node parameters,
+        ``[B, N, 1 + P]``."""
         without = [law is DrawLaw.WITHOUT for law in batch.laws]
         law = torch.tensor(without, dtype=draft_probs.dtype, device=draft_probs.device)  # [B]
         law = law[:, None, None].expand(-1, draft_probs.shape[1], 1)  # [B, N, 1]
         parameters = self.policy.node_parameters(batch, target_probs, draft_probs)  # [B, N, P]
-        extended = torch.cat([draft_probs, law, parameters], -1)  # [B, N, V + 1 + P]
-        return super().walk(batch, target_probs, extended, noise)
+        return torch.cat([law, parameters.to(law.dtype)], -1)  # [B, N, 1 + P]
 
     def reuse(self, u: torch.Tensor, accept: torch.Tensor) -> torch.Tensor:
         """The uniform the next copy of a rejected token reads (``[B]``)."""
@@ -312,14 +311,26 @@ class ResiSpec(NodeLowering):
     def node_step(
         self,
         target: torch.Tensor,  # [B, V]
-        draft: torch.Tensor,  # [B, V + 1 + P]
+        draft: torch.Tensor,  # [B, V]
         candidate_tokens: torch.Tensor,  # [B, C]
         candidate_valid: torch.Tensor,  # [B, C]
         accept_uniforms: torch.Tensor,  # [B, C]
     ) -> NodeStep:
-        vocab, num_slots = target.shape[-1], candidate_tokens.shape[1]
-        without = draft[:, vocab] > 0  # [B]
-        parameters, draft = draft[:, vocab + 1 :], draft[:, :vocab]  # [B, P], [B, V]
+        """ResiSpec decides in :meth:`step`: it needs its node extras (law and policy)."""
+        raise TypeError("ResiSpec.node_step: call step(extras, ...) with node_extras' row")
+
+    def step(
+        self,
+        extras: torch.Tensor,  # [B, 1 + P]
+        target: torch.Tensor,  # [B, V]
+        draft: torch.Tensor,  # [B, V]
+        candidate_tokens: torch.Tensor,  # [B, C]
+        candidate_valid: torch.Tensor,  # [B, C]
+        accept_uniforms: torch.Tensor,  # [B, C]
+    ) -> NodeStep:
+        num_slots = candidate_tokens.shape[1]
+        without = extras[:, 0] > 0  # [B]
+        parameters = extras[:, 1:]  # [B, P]
         counts = candidate_valid.sum(-1)  # [B]
         resolved = self.policy.at_node(target, draft, counts, num_slots, parameters)
         current, proposal = target, draft  # [B, V] each
