@@ -121,7 +121,8 @@ def process(
     keep = _keep(probs, top_k, top_p)  # [R, V] or None
     if keep is not None:
         probs.masked_fill_(~keep, 0.0)
-    probs.div_(_row_sum(probs))
+    if keep is not None or exact:  # float64 renormalises as the reference does, bit for bit
+        probs.div_(_row_sum(probs))
     if not (temperature.host and temperature.host_min > 0):  # some rows may be T = 0
         probs = torch.where(greedy, _one_hot_argmax(x), probs)  # [R, V]
     return probs.reshape(logits.shape)

@@ -1,0 +1,248 @@
+"""Benchmark: torch chain verification on CPU from logits, vs Hugging Face and a read floor.
+
+Run from the repository root::
+
+    pip install -e ".[torch]" transformers   # transformers: the Hugging Face baseline
+    python benchmarks/torch_chains.py            # writes benchmarks/results/torch_chains-<date>.md
+    python benchmarks/torch_chains.py --no-write # print only
+    python benchmarks/torch_chains.py --quick --output /tmp/chains.md   # seconds: smoke test
+
+One chain round of a correlated model pair (``common.chain_logits``: target logits
+``[B, γ + 1, V]`` = 3 x N(0, 1), draft logits ``[B, γ, V]`` = the same plus N(0, 1), draft
+tokens sampled from the draft), float32 as a decoder hands them over. Measured side by side in
+one run, the contenders taking turns within each repeat (``common.interleaved_median``: the
+median of each over the repeats):
+
+* **ours**, per chain scheme of ``specsampling.gpu.SCHEMES`` (iterated at run time):
+  ``ssg.process(logits, temperature=T)`` on both tables, then ``ssg.verify_chain`` when the
+  package has it, else ``ssg.verify`` on a tensor-built chain ``TreeBatch`` (the path used is in
+  the table). Validation is off on both calls (``validate=False``: the decoding-loop hot path).
+* **Hugging Face** ``transformers.generation.utils._speculative_sampling`` called once per
+  sequence (it takes logits and does its own softmax), the way ``generate`` calls it.
+* the **read floor**: one ``sum`` over each input logits table, i.e. one pass over the bytes
+  any verifier must read.
+
+Then the latency a decoder pays per round at the Qwen vocabulary (V = 151,936, B = 1, γ = 8).
+The ratios are the claim; absolute times depend on the CPU and its load (printed; a load above
+half the CPU count measures contention).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+from common import (
+    chain_logits,
+    chain_schemes,
+    interleaved_median,
+    is_busy,
+    machine_lines,
+    sig,
+    table,
+)
+from common import parser as common_parser
+from common import report as write_report
+
+import specsampling.gpu as ssg
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def hugging_face():
+    """``(function, note)``: HF's ``_speculative_sampling``, or ``None`` and why not."""
+    try:
+        import transformers
+        from transformers.generation.utils import _speculative_sampling
+    except ImportError as error:
+        return None, f"Hugging Face baseline not run: {error} (pip install transformers)"
+    return _speculative_sampling, f"transformers {transformers.__version__}"
+
+
+def measure(
+    batch_size: int, gamma: int, vocab_size: int, temperature: float, repeats: int, seed: int
+) -> tuple[list[list[str]], dict[str, float], list[list[str]]]:
+    """One configuration: rows of the scheme table, the reference timings, skipped schemes."""
+    target_logits, draft_logits, draft_tokens = chain_logits(batch_size, gamma, vocab_size, seed)
+    speculative_sampling, _ = hugging_face()
+    usable, skipped = chain_schemes(ssg, gamma)
+
+    def processed():
+        target = ssg.process(target_logits, temperature=temperature, validate=False)
+        draft = ssg.process(draft_logits, temperature=temperature, validate=False)
+        return target, draft  # [B, γ + 1, V], [B, γ, V]
+
+    target_probs, draft_probs = processed()
+    fns = {
+        "floor": lambda: (target_logits.sum(), draft_logits.sum()),
+        "softmax": lambda: (target_logits.softmax(-1), draft_logits.softmax(-1)),
+        "process": processed,
+    }
+    hf_emitted = None
+    if speculative_sampling is not None:
+
+        def hf_loop():
+            counts = []
+            for row in range(batch_size):  # HF verifies one sequence per call
+                draft_row = draft_logits[row : row + 1]  # [1, γ, V]
+                target_row = target_logits[row : row + 1]  # [1, γ + 1, V]
+                if temperature != 1.0:  # what HF's temperature warper does first
+                    draft_row, target_row = draft_row / temperature, target_row / temperature
+                _, matches = speculative_sampling(
+                    draft_tokens[row : row + 1], draft_row, gamma, target_row
+                )
+                counts.append(int(matches) + 1)
+            return counts
+
+        fns["hf"] = hf_loop
+        torch.manual_seed(seed)
+        hf_emitted = sum(hf_loop()) / batch_size
+    emitted = {}
+    for name, _, run in usable:
+        generator = torch.Generator().manual_seed(seed)
+
+        def full(run=run, generator=generator):
+            target, draft = processed()
+            return run(draft_tokens, target, draft, generator)
+
+        def verify_only(run=run, generator=generator):
+            return run(draft_tokens, target_probs, draft_probs, generator)
+
+        fns[f"full:{name}"] = full
+        fns[f"verify:{name}"] = verify_only
+        emitted[name] = float(full().num_emitted.double().mean())
+    best = interleaved_median(fns, repeats)  # seconds, median
+    rows = []
+    for name, path, _ in usable:
+        spent = best[f"full:{name}"]
+        rows.append(
+            [
+                f"`{name}`",
+                path,
+                sig(spent * 1e3),
+                sig(best[f"verify:{name}"] * 1e3),
+                sig(best["hf"] / spent, 2) + "x" if "hf" in best else "n/a",
+                sig(spent / best["floor"], 2) + "x",
+                f"{emitted[name]:.2f}",
+            ]
+        )
+    refs = dict(best)
+    refs["hf_emitted"] = hf_emitted if hf_emitted is not None else float("nan")
+    return rows, refs, skipped
+
+
+HEADER = [
+    "scheme",
+    "path",
+    "process + verify (ms)",
+    "verify only (ms)",
+    "HF loop / ours",
+    "ours / read floor",
+    "tokens emitted per row",
+]
+
+
+def reference_lines(refs: dict[str, float], batch_size: int) -> str:
+    lines = [
+        f"- read floor (one `sum` over each logits table): {sig(refs['floor'] * 1e3)} ms",
+        f"- `torch.softmax` of both tables, for scale: {sig(refs['softmax'] * 1e3)} ms",
+        f"- `ssg.process` of both tables alone: {sig(refs['process'] * 1e3)} ms",
+    ]
+    if "hf" in refs:
+        lines.append(
+            f"- Hugging Face `_speculative_sampling`, {batch_size} calls (one per sequence): "
+            f"{sig(refs['hf'] * 1e3)} ms; tokens emitted per row {refs['hf_emitted']:.2f}"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = common_parser(__doc__)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--gamma", type=int, default=8)
+    parser.add_argument("--vocab", type=int, default=32_000)
+    parser.add_argument("--latency-vocab", type=int, default=151_936)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads (default: torch's); 1 avoids stalls on a shared machine",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny sizes (seconds): a smoke test, not a result"
+    )
+    args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    if not args.temperature > 0:
+        parser.error("--temperature must be > 0 (HF verifies sampled rounds only)")
+    if args.quick:
+        args.batch, args.gamma, args.vocab, args.latency_vocab = 4, 4, 2_000, 5_000
+        args.repeats = 2
+    began = time.perf_counter()
+    load_before = os.getloadavg()
+    _, hf_note = hugging_face()
+
+    rows, refs, skipped = measure(
+        args.batch, args.gamma, args.vocab, args.temperature, args.repeats, args.seed
+    )
+    lat_rows, lat_refs, _ = measure(
+        1, args.gamma, args.latency_vocab, args.temperature, args.repeats * 3, args.seed + 1
+    )
+    load_after = os.getloadavg()
+    busy = is_busy(load_before)  # the after value includes this benchmark's own threads
+    skipped_text = (
+        "\n\nNot timed (from `ssg.SCHEMES`, probed on a tiny round):\n\n"
+        + table(["scheme", "why"], [[f"`{n}`", why] for n, why in skipped])
+        if skipped
+        else ""
+    )
+    quick = " **(`--quick` sizes: a smoke test, not a result)**" if args.quick else ""
+    text = f"""# Torch chain verification on CPU, from logits{quick}
+
+Generated by `python benchmarks/torch_chains.py`; see `benchmarks/README.md`.
+
+{machine_lines(load_before, load_after)}
+- baseline: {hf_note}
+- run time of the whole benchmark: {time.perf_counter() - began:.1f} s
+
+Float32 logits of a correlated pair (`common.chain_logits`, seed {args.seed}); temperature
+{args.temperature}. "process + verify" is `ssg.process` of both logits tables then the chain
+verify (validation off); "HF loop / ours" divides Hugging Face's per-sequence loop (logits in,
+its own softmax) by that; "ours / read floor" divides it by one `sum` over each logits table.
+Median of {args.repeats} interleaved repeats after a warm-up (latency: {args.repeats * 3}).
+Goals (issue 10): HF loop / ours >= 10x, ours / read floor <= 4x.
+
+## Throughput: B = {args.batch}, γ = {args.gamma}, V = {args.vocab:,}
+
+{table(HEADER, rows)}
+
+{reference_lines(refs, args.batch)}{skipped_text}
+
+## Latency per round: B = 1, γ = {args.gamma}, V = {args.latency_vocab:,}
+
+{table(HEADER, lat_rows)}
+
+{reference_lines(lat_refs, 1)}
+"""
+    write = not args.no_write
+    if write and args.output is None and (args.quick or busy):
+        print(
+            "not writing benchmarks/results/: "
+            + ("--quick sizes" if args.quick else "busy machine")
+            + " (pass --output to save anyway)",
+            file=sys.stderr,
+        )
+        write = False
+    today = time.strftime("%Y-%m-%d")
+    write_report(text, args.output, RESULTS / f"torch_chains-{today}.md", write)
+
+
+if __name__ == "__main__":
+    main()

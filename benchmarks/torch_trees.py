@@ -1,0 +1,212 @@
+"""Benchmark: batched torch tree verification on CPU, vs the numpy reference and a read floor.
+
+Run from the repository root::
+
+    pip install -e ".[torch]"
+    python benchmarks/torch_trees.py            # writes benchmarks/results/torch_trees-<date>.md
+    python benchmarks/torch_trees.py --no-write # print only
+    python benchmarks/torch_trees.py --quick --output /tmp/trees.md   # seconds: smoke test
+
+``B`` trees of 32 drafted nodes (``Shape.paths(4, 8)``, ``Shape.branching((2, 3, 4))`` without
+and with replacement) are drafted by the reference from a real-size synthetic pair
+(``common.SyntheticPair``: softmax of 3 x N(0, 1) logits, draft = the same plus N(0, 1), per
+prefix), with their tables ``[B, N, V]``. For every registered tree lowering of
+``specsampling.gpu.SCHEMES`` (iterated at run time) whose reference supports the shape, measured
+side by side in one run, taking turns within each repeat (``common.interleaved_median``):
+
+* the lowering, ``ssg.verify(..., validate=False)`` on float32 tables (fresh noise) and on
+  float64 tables (the rows' reference noise);
+* the numpy reference, ``ss.SCHEMES[name].verify`` looping over the rows (float64, with the
+  reference's own input checks, as a caller uses it);
+* the read floor: one ``sum`` over each float32 input table.
+
+The float64 run is also checked path-wise against the reference's verdicts (column "equal"),
+so the benchmark times the computation the tests certify. The ratios are the claim; absolute
+times depend on the CPU and its load (printed).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from common import SyntheticPair, interleaved_median, is_busy, machine_lines, sig, table
+from common import parser as common_parser
+from common import report as write_report
+
+import specsampling as ss
+import specsampling.gpu as ssg
+from specsampling.gpu.schemes import TreeLowering
+from specsampling.schemes import tables
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SHAPES = (
+    ss.Shape.paths(4, 8),
+    ss.Shape.branching((2, 3, 4)),
+    ss.Shape.branching((2, 3, 4), replacement=True),
+)
+
+
+def tree_schemes(shape: ss.Shape) -> tuple[list[str], list[list[str]]]:
+    """Registered tree lowerings whose reference supports ``shape``; the rest, with why."""
+    usable, skipped = [], []
+    for name in sorted(ssg.SCHEMES):
+        if not isinstance(ssg.get_lowering(name), TreeLowering):
+            skipped.append([name, "keyed coupling: runs from a key, not a tree verifier"])
+        elif ss.SCHEMES[name].supports(shape):
+            usable.append(name)
+    return usable, skipped
+
+
+def measure(shape: ss.Shape, batch_size: int, vocab_size: int, repeats: int, seed: int):
+    """Rows of the table for one shape, the floor (s), mean nodes per tree, skipped schemes."""
+    usable, skipped = tree_schemes(shape)
+    pair = SyntheticPair(vocab_size, seed)
+    rng = np.random.default_rng(seed)
+    trees = [shape.draft(pair, rng) for _ in range(batch_size)]
+    numpy_tables = [tables(pair, tree) for tree in trees]
+    noises = [ss.Noise.draw(rng, tree.num_nodes) for tree in trees]
+    batch = ssg.TreeBatch.from_trees(trees)
+    target64, draft64 = ssg.tables_batch(
+        [t for t, _ in numpy_tables], [d for _, d in numpy_tables]
+    )  # [B, N, V] float64 each
+    target32, draft32 = target64.float(), draft64.float()  # [B, N, V]
+    noise = ssg.Noise.from_reference(noises)
+    rows = []
+    for name in usable:
+        reference = ss.SCHEMES[name]
+        expected = [
+            tuple(reference.verify(tree, t, d, n))
+            for tree, (t, d), n in zip(trees, numpy_tables, noises, strict=True)
+        ]
+        out = ssg.verify(name, batch, target64, draft64, noise)
+        got = list(zip(out.node.tolist(), out.token.tolist(), strict=True))
+        equal = sum(g == e for g, e in zip(got, expected, strict=True))
+        generator = torch.Generator().manual_seed(seed)
+
+        def reference_loop(reference=reference):
+            for tree, (t, d), n in zip(trees, numpy_tables, noises, strict=True):
+                reference.verify(tree, t, d, n)
+
+        fns = {
+            "floor": lambda: (target32.sum(), draft32.sum()),
+            "f32": lambda name=name, generator=generator: ssg.verify(
+                name, batch, target32, draft32, None, generator=generator, validate=False
+            ),
+            "f64": lambda name=name: ssg.verify(
+                name, batch, target64, draft64, noise, validate=False
+            ),
+            "reference": reference_loop,
+        }
+        spent = interleaved_median(fns, repeats)  # seconds, median
+        rows.append(
+            [
+                f"`{name}`",
+                sig(spent["f32"] * 1e3),
+                sig(spent["f64"] * 1e3),
+                sig(spent["f32"] / spent["floor"], 2) + "x",
+                sig(spent["reference"] * 1e3),
+                sig(batch_size / spent["f32"]),
+                sig(batch_size / spent["reference"]),
+                sig(spent["reference"] / spent["f32"]) + "x",
+                f"{equal}/{batch_size}",
+                sig(spent["floor"] * 1e3),
+            ]
+        )
+    mean_nodes = float(np.mean([tree.num_nodes for tree in trees]))
+    return rows, mean_nodes, skipped
+
+
+HEADER = [
+    "scheme",
+    "lowering f32 (ms)",
+    "lowering f64 (ms)",
+    "f32 / read floor",
+    "reference loop (ms)",
+    "rounds/s lowering f32",
+    "rounds/s reference",
+    "lowering / reference",
+    "equal (f64)",
+    "read floor (ms)",
+]
+
+
+def main() -> None:
+    parser = common_parser(__doc__)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--vocab", type=int, default=32_000)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads (default: torch's); 1 avoids stalls on a shared machine",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny sizes (seconds): a smoke test, not a result"
+    )
+    args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    if args.quick:
+        args.batch, args.vocab, args.repeats = 4, 500, 2
+    began = time.perf_counter()
+    load_before = os.getloadavg()
+    sections = []
+    keyed: dict[str, str] = {}
+    for shape in SHAPES:
+        rows, mean_nodes, skipped = measure(shape, args.batch, args.vocab, args.repeats, args.seed)
+        keyed.update({name: why for name, why in skipped})
+        body = table(HEADER, rows) if rows else "No registered tree lowering supports it."
+        sections.append(
+            f"## `{shape!r}` (law `{shape.law.value}`), B = {args.batch}, V = {args.vocab:,}\n\n"
+            f"Mean {mean_nodes:.1f} nodes per tree (root included; the reference merges "
+            f"repeated prefixes).\n\n{body}"
+        )
+    load_after = os.getloadavg()
+    busy = is_busy(load_before)  # the after value includes this benchmark's own threads
+    keyed_text = (
+        "\n\nNot timed (registered, not tree verifiers): "
+        + ", ".join(f"`{name}`" for name in sorted(keyed))
+        + "."
+        if keyed
+        else ""
+    )
+    quick = " **(`--quick` sizes: a smoke test, not a result)**" if args.quick else ""
+    text = f"""# Torch tree verification on CPU{quick}
+
+Generated by `python benchmarks/torch_trees.py`; see `benchmarks/README.md`.
+
+{machine_lines(load_before, load_after)}
+- run time of the whole benchmark: {time.perf_counter() - began:.1f} s
+
+Trees drafted by the reference from `common.SyntheticPair` (seed {args.seed}). "lowering" is
+`ssg.verify(..., validate=False)` on the batch; "reference loop" is `ss.SCHEMES[name].verify`
+over the {args.batch} rows (float64, with its input checks); "read floor" is one `sum` over
+each float32 table `[B, N, V]` (the lowering reads only the rows on each walked path, so it can
+beat a full read). "lowering / reference" is the ratio of rounds per second (goal, issue 10:
+>= 100x). "equal" counts rows whose float64 verdict equals the reference's (same noise).
+Median of {args.repeats} interleaved repeats after a warm-up.
+
+{chr(10).join(s + chr(10) for s in sections)}{keyed_text}
+"""
+    write = not args.no_write
+    if write and args.output is None and (args.quick or busy):
+        print(
+            "not writing benchmarks/results/: "
+            + ("--quick sizes" if args.quick else "busy machine")
+            + " (pass --output to save anyway)",
+            file=sys.stderr,
+        )
+        write = False
+    today = time.strftime("%Y-%m-%d")
+    write_report(text, args.output, RESULTS / f"torch_trees-{today}.md", write)
+
+
+if __name__ == "__main__":
+    main()

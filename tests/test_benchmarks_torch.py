@@ -1,0 +1,118 @@
+"""The torch benchmarks stay runnable: each script in its ``--quick`` configuration (seconds).
+
+``benchmarks/torch_chains.py``, ``benchmarks/torch_trees.py`` and ``benchmarks/gpu/run.py``
+(on CPU) must exit cleanly, write their tables, and cover every registered lowering (timed, or
+listed with the reason it is not). The tree benchmark's float64 run must agree path-wise with
+the reference on every row, and the tensor-built chain batch the benchmarks fall back on must
+equal the reference chain trees. No timing is asserted: speed claims live in the results.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+import specsampling as ss
+from specsampling import gpu as ssg
+from specsampling.gpu.schemes import TreeLowering
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCHMARKS = ROOT / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+import common  # noqa: E402
+
+TREE_SHAPES = (
+    ss.Shape.paths(4, 8),
+    ss.Shape.branching((2, 3, 4)),
+    ss.Shape.branching((2, 3, 4), replacement=True),
+)
+
+
+def run_script(*args: str) -> subprocess.CompletedProcess:
+    done = subprocess.run(
+        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    return done
+
+
+def table_rows(text: str, first_header: str) -> list[list[str]]:
+    """The body rows of every markdown table whose first column is ``first_header``."""
+    rows, inside = [], False
+    for line in text.splitlines():
+        if line.startswith(f"| {first_header} |"):
+            inside = True
+        elif inside and line.startswith("|---"):
+            continue
+        elif inside and line.startswith("|"):
+            rows.append([cell.strip() for cell in line.strip("|").split("|")])
+        else:
+            inside = False
+    return rows
+
+
+def test_chain_tree_batch_equals_reference_chains() -> None:
+    draft_tokens = torch.tensor([[3, 0, 7], [5, 5, 1]])
+    built = common.chain_tree_batch(ssg, draft_tokens, ss.Shape.chain(3).law)
+    expected = ssg.TreeBatch.from_trees(
+        [ss.DraftTree.chain(row, law="iid") for row in draft_tokens.tolist()]
+    )
+    for name in ("parents", "tokens", "num_nodes", "candidates", "depth"):
+        assert torch.equal(getattr(built, name), getattr(expected, name)), name
+    assert built.to_trees() == expected.to_trees()
+    assert (built.chains, built.max_depth) == (expected.chains, expected.max_depth)
+
+
+def test_torch_chains_quick(tmp_path: Path) -> None:
+    output = tmp_path / "chains.md"
+    run_script("benchmarks/torch_chains.py", "--quick", "--output", str(output))
+    text = output.read_text()
+    assert "## Throughput" in text and "## Latency per round" in text
+    rows = table_rows(text, "scheme")
+    timed = {row[0].strip("`") for row in rows if row[1] in ("verify_chain", "verify (tree path)")}
+    assert timed, text
+    for row in rows:
+        if row[0].strip("`") in timed:
+            assert float(row[2].replace(",", "")) > 0 and row[5].endswith("x"), row
+    chain = ss.Shape.chain(4)
+    for name in ssg.SCHEMES:
+        if ss.SCHEMES[name].supports(chain):  # timed, or listed with the reason
+            assert f"`{name}`" in text, name
+
+
+def test_torch_trees_quick(tmp_path: Path) -> None:
+    output = tmp_path / "trees.md"
+    run_script("benchmarks/torch_trees.py", "--quick", "--output", str(output))
+    text = output.read_text()
+    sections = text.split("\n## ")[1:]
+    assert len(sections) == 3, text
+    for section in sections:
+        shape_text = re.match(r"`([^`]*)`", section).group(1)
+        rows = table_rows(section, "scheme")
+        names = {row[0].strip("`") for row in rows}
+        shape = next(s for s in TREE_SHAPES if repr(s) == shape_text)
+        for name in ssg.SCHEMES:
+            lowering = ssg.get_lowering(name)
+            if isinstance(lowering, TreeLowering) and ss.SCHEMES[name].supports(shape):
+                assert name in names, (shape_text, name)
+        for row in rows:
+            assert row[8] == "4/4", (shape_text, row)  # path-wise equal on every row (f64)
+
+
+def test_gpu_script_on_cpu(tmp_path: Path) -> None:
+    out = tmp_path / "gpu"
+    run_script("benchmarks/gpu/run.py", str(out), "--device", "cpu", "--quick", "--skip-tests")
+    data = json.loads((out / "results.json").read_text())
+    text = (out / "results.md").read_text()
+    assert "## Chains" in text and "## Trees" in text
+    assert data["chains"] and data["trees"], data["notes"]
+    for record in data["chains"] + data["trees"]:
+        assert record["verify_s"] is not None and record["verify_s"] > 0, record
+        assert record["floor_s"] > 0, record
+    assert {r["B"] for r in data["chains"]} == {1, 4}
+    assert not any(n.startswith("run aborted") for n in data["notes"]), data["notes"]
