@@ -157,7 +157,8 @@ def _compress(target: Probs, draft: Probs, classes: Any) -> tuple[Probs, Probs, 
     limit = 64 * BINS_PER_OCTAVE
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.log2(target) - np.log2(draft)
-    bins = np.clip(np.floor(np.nan_to_num(ratio) * BINS_PER_OCTAVE), -limit, limit)
+    ratio = np.clip(np.nan_to_num(ratio), -65.0, 65.0)  # +-inf: no overflow in the product
+    bins = np.clip(np.floor(ratio * BINS_PER_OCTAVE), -limit, limit)
     bins = np.where(target == 0, -limit - 1, np.where(draft == 0, limit + 1, bins))
     width = 2 * limit + 3
     keys, inverse = np.unique(classes * width + (bins + limit + 1).astype(int), return_inverse=True)
