@@ -31,9 +31,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from scipy import stats
 
 import specsampling as ss
+from proofs_tests.chisquare import chi_square_pvalue
 from specsampling import gpu as ssg
 from specsampling.certify import builtin_shapes
 from specsampling.schemes import tables
@@ -318,7 +318,6 @@ def test_fuzz_catches_mutants(mutant: Any, message: str, monkeypatch: Any) -> No
 # --------------------------------------------------------------------------- chi-square
 SEED = 20240612
 NUM_ROUNDS = 20_000
-MIN_EXPECTED = 5.0
 CHI_PAIR = ss.pairs.Random(3, seed=2)  # context dependent; some rows have zeros
 DEEPER = (
     ss.Shape.paths(2, 2),
@@ -341,31 +340,6 @@ CHI_CASES = [(name, shape, dtype) for name in TREE_LOWERINGS for shape, dtype in
 FALSE_POSITIVE_BUDGET = 1e-3
 NUM_CHI_SQUARE_TESTS = len(CHI_CASES)
 ALPHA = FALSE_POSITIVE_BUDGET / NUM_CHI_SQUARE_TESTS  # per test, Bonferroni
-
-
-def chi_square_pvalue(counts: Counter, law: dict) -> float:
-    """P-value of ``counts`` under ``law``, the least likely outcomes pooled until every bin
-    expects >= ``MIN_EXPECTED`` (as ``tests/test_sampling_stats.py``); an outcome outside the
-    law's support fails at once."""
-    num = sum(counts.values())
-    support = {key for key, prob in law.items() if prob > 0}
-    stray = [key for key in counts if key not in support]
-    assert not stray, f"sampled outcomes the exact law gives probability 0: {stray[:5]}"
-    bins: list[list[float]] = []
-    expected_acc, observed_acc = 0.0, 0
-    for key in sorted(support, key=lambda key: (float(law[key]), repr(key))):
-        expected_acc += float(law[key]) * num
-        observed_acc += counts.get(key, 0)
-        if expected_acc >= MIN_EXPECTED:
-            bins.append([expected_acc, observed_acc])
-            expected_acc, observed_acc = 0.0, 0
-    if bins and (expected_acc > 0 or observed_acc > 0):
-        bins[-1][0] += expected_acc
-        bins[-1][1] += observed_acc
-    assert len(bins) >= 2, "test design: the law needs two bins to be tested"
-    expected = np.array([b[0] for b in bins])
-    observed = np.array([b[1] for b in bins])
-    return float(stats.chisquare(observed, expected * num / expected.sum()).pvalue)
 
 
 def sampled_counts(lowering: Any, shape: ss.Shape, dtype: torch.dtype, seed: int) -> Counter:

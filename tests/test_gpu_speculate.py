@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from scipy import stats
 
 import specsampling as ss
+from proofs_tests.chisquare import chi_square_pvalue
 from specsampling import Shape
 from specsampling import gpu as ssg
 from specsampling.errors import UnsupportedShape
@@ -34,7 +34,6 @@ from specsampling.schemes import KeyedCoupling
 SEED = 20240612
 NUM_ROWS = 4000
 NUM_EMITTED = 2  # tokens per row tested (two rounds emit at least two)
-MIN_EXPECTED = 5.0
 PREFIX = (1,)
 
 RANDOM_PAIR = Random(3, seed=2)  # context dependent; some rows have zeros
@@ -76,32 +75,6 @@ if "nss" in TREE_SCHEMES:
 
 FALSE_POSITIVE_BUDGET = 1e-3
 ALPHA = FALSE_POSITIVE_BUDGET / len(CASES)  # per test, Bonferroni
-
-
-def chi_square_pvalue(counts: Counter, law: dict) -> float:
-    """P-value of observed ``counts`` under ``law`` ({outcome: probability}), bins merged."""
-    num = sum(counts.values())
-    support = {key for key, prob in law.items() if prob > 0}
-    stray = [key for key in counts if key not in support]
-    assert not stray, f"sampled outcomes the exact law gives probability 0: {stray[:5]}"
-    total = float(sum(law.values()))
-    assert abs(total - 1) < 1e-9, total
-    bins: list[list[float]] = []
-    expected_acc, observed_acc = 0.0, 0
-    for key in sorted(support, key=lambda key: (float(law[key]), repr(key))):
-        expected_acc += float(law[key]) / total * num
-        observed_acc += counts.get(key, 0)
-        if expected_acc >= MIN_EXPECTED:
-            bins.append([expected_acc, observed_acc])
-            expected_acc, observed_acc = 0.0, 0
-    if bins and (expected_acc > 0 or observed_acc > 0):
-        bins[-1][0] += expected_acc
-        bins[-1][1] += observed_acc
-    assert len(bins) >= 2, "test design: the law needs two bins to be tested"
-    expected = np.array([b[0] for b in bins])
-    observed = np.array([b[1] for b in bins])
-    expected *= num / expected.sum()
-    return float(stats.chisquare(observed, expected).pvalue)
 
 
 def first_tokens_pvalue(out: ssg.Speculation, pair: Any) -> float:

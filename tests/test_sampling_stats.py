@@ -19,10 +19,10 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from scipy import stats
 
 import specsampling as ss
 from proofs_tests.catalogue import LAW_SHAPES
+from proofs_tests.chisquare import chi_square_pvalue
 from specsampling import DraftTree, Noise, Shape
 from specsampling.pairs import Random, Stationary
 from specsampling.schemes import tables
@@ -31,7 +31,6 @@ SEED = 20240611
 NUM_ROUNDS = 12_000
 NUM_VERIFY = 20_000
 NUM_TREES = 12_000
-MIN_EXPECTED = 5.0
 
 ZERO_PAIR = Stationary([0.6, 0.0, 0.4], [0.3, 0.5, 0.2])  # drafts a token the target bans
 RANDOM_PAIR = Random(3, seed=2)  # context dependent; some rows have zeros
@@ -91,36 +90,6 @@ TREE_CASES = [shape for shape in LAW_SHAPES if shape.law != "deterministic"]
 FALSE_POSITIVE_BUDGET = 1e-3
 NUM_CHI_SQUARE_TESTS = len(MARGINAL_CASES) + len(CONDITIONAL_CASES) + len(TREE_CASES)
 ALPHA = FALSE_POSITIVE_BUDGET / NUM_CHI_SQUARE_TESTS  # per test, Bonferroni
-
-
-def chi_square_pvalue(counts, law):
-    """P-value of observed ``counts`` under ``law`` ({outcome: probability}), bins merged.
-
-    Outcomes are sorted by expected count and the smallest are pooled until each bin expects at
-    least ``MIN_EXPECTED``; a remainder joins the last bin. Needs at least two bins.
-    """
-    num = sum(counts.values())
-    support = {key for key, prob in law.items() if prob > 0}
-    stray = [key for key in counts if key not in support]
-    assert not stray, f"sampled outcomes the exact law gives probability 0: {stray[:5]}"
-    total = float(sum(law.values()))
-    assert abs(total - 1) < 1e-9, total
-    bins = []
-    expected_acc, observed_acc = 0.0, 0
-    for key in sorted(support, key=lambda key: (float(law[key]), repr(key))):
-        expected_acc += float(law[key]) / total * num
-        observed_acc += counts.get(key, 0)
-        if expected_acc >= MIN_EXPECTED:
-            bins.append([expected_acc, observed_acc])
-            expected_acc, observed_acc = 0.0, 0
-    if bins and (expected_acc > 0 or observed_acc > 0):
-        bins[-1][0] += expected_acc
-        bins[-1][1] += observed_acc
-    assert len(bins) >= 2, "test design: the law needs two bins to be tested"
-    expected = np.array([b[0] for b in bins])
-    observed = np.array([b[1] for b in bins])
-    expected *= num / expected.sum()
-    return float(stats.chisquare(observed, expected).pvalue)
 
 
 def sampled_rounds(scheme, pair, shape, seed, num=NUM_ROUNDS):
