@@ -64,6 +64,31 @@ def parser(doc: str | None) -> argparse.ArgumentParser:
 # functions, so the numpy-only benchmarks above never need it.
 
 
+def torch_parser(doc: str | None) -> argparse.ArgumentParser:
+    """:func:`parser` plus the CPU torch benchmarks' ``--threads`` and ``--quick``."""
+    made = parser(doc)
+    made.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads (default: torch's); 1 avoids stalls on a shared machine",
+    )
+    made.add_argument(
+        "--quick", action="store_true", help="tiny sizes (seconds): a smoke test, not a result"
+    )
+    return made
+
+
+def parse_torch_args(made: argparse.ArgumentParser) -> argparse.Namespace:
+    """Parse, and apply ``--threads`` to torch."""
+    import torch
+
+    args = made.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    return args
+
+
 def interleaved_median(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
     """Median wall time of each callable over ``repeats`` rounds, the callables taking turns
     within each round (after one warm-up call each), so that every ratio between them is

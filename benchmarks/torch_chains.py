@@ -41,10 +41,11 @@ from common import (
     interleaved_median,
     is_busy,
     machine_lines,
+    parse_torch_args,
     sig,
     table,
+    torch_parser,
 )
-from common import parser as common_parser
 from common import report as write_report
 
 import specsampling.gpu as ssg
@@ -160,7 +161,7 @@ def reference_lines(refs: dict[str, float], batch_size: int) -> str:
 
 
 def main() -> None:
-    parser = common_parser(__doc__)
+    parser = torch_parser(__doc__)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--gamma", type=int, default=8)
     parser.add_argument("--vocab", type=int, default=32_000)
@@ -168,18 +169,7 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="torch intra-op threads (default: torch's); 1 avoids stalls on a shared machine",
-    )
-    parser.add_argument(
-        "--quick", action="store_true", help="tiny sizes (seconds): a smoke test, not a result"
-    )
-    args = parser.parse_args()
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    args = parse_torch_args(parser)
     if not args.temperature > 0:
         parser.error("--temperature must be > 0 (HF verifies sampled rounds only)")
     if args.quick:

@@ -34,8 +34,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import SyntheticPair, interleaved_median, is_busy, machine_lines, sig, table
-from common import parser as common_parser
+from common import (
+    SyntheticPair,
+    interleaved_median,
+    is_busy,
+    machine_lines,
+    parse_torch_args,
+    sig,
+    table,
+    torch_parser,
+)
 from common import report as write_report
 
 import specsampling as ss
@@ -136,23 +144,12 @@ HEADER = [
 
 
 def main() -> None:
-    parser = common_parser(__doc__)
+    parser = torch_parser(__doc__)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--vocab", type=int, default=32_000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="torch intra-op threads (default: torch's); 1 avoids stalls on a shared machine",
-    )
-    parser.add_argument(
-        "--quick", action="store_true", help="tiny sizes (seconds): a smoke test, not a result"
-    )
-    args = parser.parse_args()
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    args = parse_torch_args(parser)
     if args.quick:
         args.batch, args.vocab, args.repeats = 4, 500, 2
     began = time.perf_counter()

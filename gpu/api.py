@@ -14,13 +14,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from specsampling.errors import InvalidDistribution, UnsupportedShape
+from specsampling.errors import InvalidDistribution
 from specsampling.validation import MASS_TOLERANCE, mass_error
 
 from . import ops
 from .noise import Noise
-from .schemes import get_lowering
-from .schemes.base import TreeLowering, Verified
+from .schemes import tree_lowering
+from .schemes.base import Verified
 from .tree import TreeBatch
 
 #: Default row-mass tolerance by input dtype (low-precision softmaxes sum to 1 only roughly).
@@ -86,12 +86,7 @@ def verify(
         ``node [B]``, ``token [B]``, ``tokens [B, max_depth + 1]`` (``-1`` padded),
         ``num_emitted [B]``.
     """
-    lowering = get_lowering(scheme)
-    if not isinstance(lowering, TreeLowering):
-        raise UnsupportedShape(
-            f"scheme: {lowering.name!r} is a keyed coupling, not a tree verifier; its rounds "
-            "run from a key (specsampling.gpu.generate)"
-        )
+    lowering = tree_lowering(scheme)
     if not isinstance(batch, TreeBatch):
         raise TypeError(f"batch: expected a TreeBatch, got {type(batch).__name__}")
     lowering.check_batch(batch)
@@ -154,22 +149,31 @@ def check_batch_round(
         return
     for name, values, mass, ok, tol in row_checks:
         if not bool(ok.all()):
-            row, node = (int(i) for i in (~ok).nonzero()[0])
-            label = f"{name}[{row}, {node}]"
-            entries = values[row, node]  # [V]
-            finite = torch.isfinite(entries)
-            if not bool(finite.all()):
-                index = int((~finite).nonzero()[0, 0])
-                raise InvalidDistribution(f"{label}: NaN or inf at index {index}")
-            if bool((entries < 0).any()):
-                index = int((entries < 0).nonzero()[0, 0])
-                raise InvalidDistribution(
-                    f"{label}: negative entry at index {index} (raw logits? apply "
-                    "specsampling.gpu.process first)"
-                )
-            raise InvalidDistribution(mass_error(label, float(mass[row, node]), tol))
+            raise_row_defect(name, values, mass, ok, tol)
     row, node = (int(i) for i in (~token_ok).nonzero()[0])
     raise InvalidDistribution(
         f"batch.tokens[{row}, {node}]: token id {int(batch.tokens[row, node])} >= vocab_size "
         f"{vocab_size}"
     )
+
+
+def raise_row_defect(
+    name: str, values: torch.Tensor, mass: torch.Tensor, ok: torch.Tensor, tol: float
+) -> None:
+    """Raise :class:`~specsampling.InvalidDistribution` for the first row ``[b, n]`` of
+    ``values [B, N, V]`` that ``ok [B, N]`` marks bad: NaN/inf, a negative entry, or its
+    ``mass [B, N]`` off 1 by more than ``tol`` (the argument and the row named)."""
+    row, node = (int(i) for i in (~ok).nonzero()[0])
+    label = f"{name}[{row}, {node}]"
+    entries = values[row, node]  # [V]
+    finite = torch.isfinite(entries)
+    if not bool(finite.all()):
+        index = int((~finite).nonzero()[0, 0])
+        raise InvalidDistribution(f"{label}: NaN or inf at index {index}")
+    if bool((entries < 0).any()):
+        index = int((entries < 0).nonzero()[0, 0])
+        raise InvalidDistribution(
+            f"{label}: negative entry at index {index} (raw logits? apply "
+            "specsampling.gpu.process first)"
+        )
+    raise InvalidDistribution(mass_error(label, float(mass[row, node]), tol))

@@ -38,12 +38,11 @@ import torch
 
 from specsampling.errors import InvalidDistribution, UnsupportedShape
 from specsampling.tree import DrawLaw
-from specsampling.validation import mass_error
 
 from . import ops
-from .api import TOLERANCE
+from .api import TOLERANCE, raise_row_defect
 from .noise import Noise
-from .schemes import get_lowering
+from .schemes import tree_lowering
 from .schemes.base import TreeLowering, Verified
 from .schemes.rsd import RSD
 from .schemes.specinfer import SpecInfer
@@ -320,29 +319,15 @@ def check_chain_round(
             f"{where} lane" + ("" if where == "a drafted" else " (padding must be -1 or a token)")
         )
     if noise is not None:
-        check_chain_noise(noise, real_nodes)
+        noise.check_lanes(real_nodes)
     for name, table, rows in tables:
         mask = real_nodes[:, :rows] if rows > gamma else real  # [B, rows]
         tol = TOLERANCE.get(table.dtype, 1e-4) if tolerance is None else tolerance
         values = table.to(device=device, dtype=ops.compute_dtype(table))  # [B, rows, V]
         mass = values.sum(-1)  # [B, rows]
         ok = (((mass - 1).abs() <= tol) & ~(values < 0).any(-1)) | ~mask  # [B, rows]
-        if bool(ok.all()):
-            continue
-        row, lane = (int(i) for i in (~ok).nonzero()[0])
-        label = f"{name}[{row}, {lane}]"
-        entries = values[row, lane]  # [V]
-        finite = torch.isfinite(entries)
-        if not bool(finite.all()):
-            index = int((~finite).nonzero()[0, 0])
-            raise InvalidDistribution(f"{label}: NaN or inf at index {index}")
-        if bool((entries < 0).any()):
-            index = int((entries < 0).nonzero()[0, 0])
-            raise InvalidDistribution(
-                f"{label}: negative entry at index {index} (raw logits? apply "
-                "specsampling.gpu.process first)"
-            )
-        raise InvalidDistribution(mass_error(label, float(mass[row, lane]), tol))
+        if not bool(ok.all()):
+            raise_row_defect(name, values, mass, ok, tol)
     if draft_probs is not None:  # a sampled draft has positive draft mass (fp16 underflow: B20)
         safe = torch.where(real, draft_tokens, 0)  # [B, γ]
         drafted = draft_probs.to(device).gather(2, safe[..., None]).squeeze(-1)  # [B, γ]
@@ -354,27 +339,6 @@ def check_chain_round(
                 "has zero draft probability, so it cannot have been sampled (underflow in a low "
                 "precision softmax? pass draft_probs=None for deterministic drafts)"
             )
-
-
-def check_chain_noise(noise: Noise, real_nodes: torch.Tensor) -> None:
-    """Both noise tensors ``[B, γ + 1]`` float, every real lane in ``[0, 1)``."""
-    shape = tuple(real_nodes.shape)
-    for part in ("accept", "sample"):
-        values = getattr(noise, part, None)
-        if not isinstance(values, torch.Tensor) or not values.is_floating_point():
-            raise InvalidDistribution(
-                f"noise.{part}: expected a float tensor of shape {shape}, got "
-                f"{type(values).__name__}"
-            )
-        if tuple(values.shape) != shape:
-            raise InvalidDistribution(
-                f"noise.{part}: expected shape {shape}, got {tuple(values.shape)}"
-            )
-        inside = ((values >= 0) & (values < 1)).to(real_nodes.device) | ~real_nodes
-        bad = ~inside.all(-1)  # [B]
-        if bool(bad.any()):
-            row = int(bad.nonzero()[0, 0])
-            raise InvalidDistribution(f"noise.{part}[{row}]: uniforms must lie in [0, 1)")
 
 
 def chain_noise(
@@ -499,12 +463,7 @@ def verify_chain(
     >>> out.tokens.tolist(), out.num_emitted.tolist()
     ([[1, 1]], [2])
     """
-    lowering = get_lowering(scheme)
-    if not isinstance(lowering, TreeLowering):
-        raise UnsupportedShape(
-            f"scheme: {lowering.name!r} is a keyed coupling, not a tree verifier; its rounds "
-            "run from a key (specsampling.gpu.generate)"
-        )
+    lowering = tree_lowering(scheme)
     if not lowering.reference_scheme.exact_for(DrawLaw.IID, True):
         raise UnsupportedShape(
             f"scheme: {lowering.name!r} is not exact for sampled chains; it is exact for "

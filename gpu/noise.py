@@ -73,8 +73,11 @@ class Noise(NamedTuple):
         """Raise :class:`~specsampling.InvalidDistribution` (naming ``noise.accept`` or
         ``noise.sample``) unless both are float tensors ``[B, N]`` with every real lane in
         ``[0, 1)``. One host synchronisation."""
-        shape = tuple(batch.parents.shape)
-        real = batch.real_nodes()  # [B, N]
+        self.check_lanes(batch.real_nodes())
+
+    def check_lanes(self, real: torch.Tensor) -> None:
+        """:meth:`check` against a mask of real lanes ``real [B, N]`` (bool)."""
+        shape = tuple(real.shape)
         for name, values in (("accept", self.accept), ("sample", self.sample)):
             if not isinstance(values, torch.Tensor) or not values.is_floating_point():
                 raise InvalidDistribution(

@@ -26,18 +26,15 @@ from typing import NamedTuple
 
 import torch
 
-import specsampling as ss
-from specsampling.errors import UnsupportedShape
 from specsampling.pairs import ModelPair, check_model_pair
-from specsampling.schemes import KeyedCoupling, tables
+from specsampling.schemes import tables
 from specsampling.shapes import Shape, check_shape
 from specsampling.validation import check_positive_int
 
 from . import drafting
 from .api import tables_batch, verify
 from .noise import Noise
-from .schemes import get_lowering
-from .schemes.base import TreeLowering
+from .schemes import tree_lowering
 
 
 @dataclass(frozen=True)
@@ -81,7 +78,7 @@ class Speculator:
     """
 
     def __init__(self, scheme: object, pair: ModelPair, shape: Shape) -> None:
-        self.lowering = _tree_lowering(scheme)
+        self.lowering = tree_lowering(scheme)
         self.pair = check_model_pair(pair)
         self.shape = check_shape(shape)
         self.lowering.reference_scheme.check(self.shape)
@@ -197,24 +194,6 @@ def speculate(
 star(2, replacement=True) (draft law 'iid'); it is exact for sampled chains
     """
     return Speculator(scheme, pair, shape).run(num_rounds, generator, prefix, batch_size)
-
-
-def _tree_lowering(scheme: object) -> TreeLowering:
-    """The tree lowering of ``scheme``; keyed couplings refused with the way to run them."""
-    name = scheme if isinstance(scheme, str) else getattr(scheme, "name", None)
-    reference = ss.SCHEMES.get(name) if isinstance(name, str) and name in ss.SCHEMES else None
-    if isinstance(reference, KeyedCoupling):
-        raise UnsupportedShape(
-            f"scheme: {name!r} is a keyed coupling (drafter and verifier share one keyed noise "
-            "field), not a tree verifier; run its rounds from a key with "
-            "specsampling.gpu.generate(scheme, pair, shape, length, key=...)"
-        )
-    lowering = get_lowering(scheme)
-    if not isinstance(lowering, TreeLowering):
-        raise UnsupportedShape(
-            f"scheme: {lowering.name!r} is not a tree verifier; speculate runs tree schemes only"
-        )
-    return lowering
 
 
 __all__ = ["RoundNoise", "Speculation", "Speculator", "speculate"]

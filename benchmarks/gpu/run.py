@@ -30,6 +30,7 @@ not fit, and says so in the results.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib
 import inspect
@@ -340,10 +341,8 @@ is branch-free, so its cost does not depend on what is accepted.
                 env[name] = getattr(module, "__version__", "?")
             except Exception as error:
                 env[name] = f"not available ({type(error).__name__})"
-        try:
+        with contextlib.suppress(OSError):  # no load average on some platforms
             env["load average"] = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-        except OSError:
-            pass
         self.save()
 
     def run_tests(self, top: Path | None) -> None:

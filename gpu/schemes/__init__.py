@@ -15,6 +15,7 @@ from typing import Any
 
 import specsampling as ss
 from specsampling._registry import Registry
+from specsampling.errors import UnsupportedShape
 
 from .base import Lowering, NodeLowering, NodeStep, TreeLowering, Verified
 
@@ -57,6 +58,27 @@ def get_lowering(scheme: Any) -> Lowering:
     raise TypeError(f"scheme: expected a lowered scheme name or lowering object, got {scheme!r}")
 
 
+def tree_lowering(scheme: Any) -> TreeLowering:
+    """:func:`get_lowering`, refusing the keyed couplings (they verify from a key, not from
+    per-node uniforms) with :class:`~specsampling.UnsupportedShape` naming the way to run them.
+
+    >>> tree_lowering("specinfer").name
+    'specinfer'
+    >>> tree_lowering("gumbel")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    specsampling.errors.UnsupportedShape: scheme: 'gumbel' is a keyed coupling ...
+    """
+    lowering = get_lowering(scheme)
+    if not isinstance(lowering, TreeLowering):
+        raise UnsupportedShape(
+            f"scheme: {lowering.name!r} is a keyed coupling (drafter and verifier share one keyed "
+            "noise field), not a tree verifier; run its rounds from a key with "
+            "specsampling.gpu.generate(scheme, pair, shape, length, key=...)"
+        )
+    return lowering
+
+
 __all__ = [
     "MODULES",
     "SCHEMES",
@@ -66,4 +88,5 @@ __all__ = [
     "TreeLowering",
     "Verified",
     "get_lowering",
+    "tree_lowering",
 ]
