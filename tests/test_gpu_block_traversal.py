@@ -19,11 +19,10 @@ import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import specsampling as ss
 from proofs_tests.catalogue import LAW_SHAPES
-from proofs_tests.strategies import model_pairs
+from proofs_tests.pathwise import Round, hypothesis_rounds, mismatches, run_lowering
 from specsampling import gpu as ssg
 from specsampling.gpu.schemes.block import Block
 from specsampling.gpu.schemes.traversal import Traversal
@@ -48,7 +47,6 @@ DEEPER = (
 )
 SHAPES = LAW_SHAPES + DEEPER
 LOWERINGS = {"block": Block(), "traversal": Traversal()}
-Round = tuple[ss.DraftTree, np.ndarray, np.ndarray, ss.Noise]
 
 
 class SparseRandom:
@@ -116,29 +114,6 @@ def mixed_rounds(name: str, pair: Any, seed: int) -> list[Round]:
     return [rounds[i] for i in rng.permutation(len(rounds))]
 
 
-def run(lowering: Any, rounds: list[Round], pad: float = 0.0) -> ssg.Verified:
-    batch = ssg.TreeBatch.from_trees([r[0] for r in rounds])
-    target, draft = ssg.tables_batch([r[1] for r in rounds], [r[2] for r in rounds], pad=pad)
-    noise = ssg.Noise.from_reference([r[3] for r in rounds])
-    return ssg.verify(lowering, batch, target, draft, noise)
-
-
-def mismatches(lowering: Any, rounds: list[Round], pad: float = 0.0) -> list[Any]:
-    """Rows whose lowered verdict or emitted tokens differ from the reference's."""
-    reference = ss.SCHEMES[lowering.name]
-    out = run(lowering, rounds, pad)
-    got = list(zip(out.node.tolist(), out.token.tolist(), strict=True))
-    tokens, counts = out.tokens.tolist(), out.num_emitted.tolist()
-    bad = []
-    for row, (tree, target, draft, noise) in enumerate(rounds):
-        expected = tuple(reference.verify(tree, target, draft, noise))
-        path = (*tree.prefix(expected[0]), expected[1])
-        tail = set(tokens[row][counts[row] :]) - {-1}
-        if got[row] != expected or tuple(tokens[row][: counts[row]]) != path or tail:
-            bad.append((row, tree, got[row], expected))
-    return bad
-
-
 def pairs() -> list[Any]:
     return [ss.pairs.Random(3, seed=s) for s in range(3)] + [SparseRandom(3, s) for s in range(3)]
 
@@ -157,32 +132,10 @@ def test_pathwise_mixed_batches(name: str, vocab: int, pair_kind: str) -> None:
         assert mismatches(LOWERINGS[name], rounds) == []
 
 
-@st.composite
-def hypothesis_rounds(draw: Any, name: str) -> list[Round]:
-    """Trees of supported shapes over a drawn pair (zeros, one-hot, p == q, disjoint supports;
-    small vocabularies give i.i.d. duplicates), with drawn and boundary uniforms."""
-    shapes = supported(name)
-    vocab = draw(st.integers(2, 4))
-    pair = draw(model_pairs(vocab, max(s.depth for s in shapes)))
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    uniform = st.one_of(
-        st.sampled_from([0.0, LARGEST_BELOW_ONE, 0.5]),
-        st.floats(0.0, 1.0, exclude_max=True, allow_nan=False),
-    )
-    rounds = []
-    for shape in draw(st.lists(st.sampled_from(shapes), min_size=1, max_size=5)):
-        tree = shape.draft(pair, rng)
-        size = tree.num_nodes
-        lanes = st.lists(uniform, min_size=size, max_size=size)
-        noise = ss.Noise.checked(draw(lanes), draw(lanes), size)
-        rounds.append((tree, *tables(pair, tree), noise))
-    return rounds
-
-
 @pytest.mark.parametrize("name", sorted(LOWERINGS))
 def test_pathwise_hypothesis(name: str) -> None:
     @settings(max_examples=60, deadline=None)
-    @given(hypothesis_rounds(name))
+    @given(hypothesis_rounds(supported(name)))
     def check(rounds: list[Round]) -> None:
         assert mismatches(LOWERINGS[name], rounds) == []
 
@@ -195,10 +148,10 @@ def test_padding_never_counts(name: str) -> None:
     not depend on its neighbours (each row alone gives the same)."""
     rounds = mixed_rounds(name, SparseRandom(4, 9), 9)
     assert mismatches(LOWERINGS[name], rounds, pad=float("nan")) == []
-    outputs = [run(LOWERINGS[name], rounds, pad=pad) for pad in (float("nan"), 0.0, 1.0)]
+    outputs = [run_lowering(LOWERINGS[name], rounds, pad=pad) for pad in (float("nan"), 0.0, 1.0)]
     assert all(torch.equal(out.tokens, outputs[0].tokens) for out in outputs[1:])
     for row in range(0, len(rounds), 7):
-        alone = run(LOWERINGS[name], [rounds[row]])
+        alone = run_lowering(LOWERINGS[name], [rounds[row]])
         width = alone.tokens.shape[1]
         assert alone.tokens[0].tolist() == outputs[0].tokens[row, :width].tolist()
 
@@ -248,7 +201,7 @@ def test_goldens(case: tuple[str, Round], expected: tuple[int, int]) -> None:
     name, (tree, target, draft, noise) = case
     assert tuple(ss.SCHEMES[name].verify(tree, target, draft, noise)) == expected
     assert mismatches(LOWERINGS[name], [case[1]]) == []
-    out = run(LOWERINGS[name], [case[1]])
+    out = run_lowering(LOWERINGS[name], [case[1]])
     assert (out.node.tolist(), out.token.tolist()) == ([expected[0]], [expected[1]])
 
 

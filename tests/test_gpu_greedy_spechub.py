@@ -15,11 +15,10 @@ import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import specsampling as ss
 from proofs_tests.catalogue import SHAPES as CATALOGUE
-from proofs_tests.strategies import model_pairs
+from proofs_tests.pathwise import Round, hypothesis_rounds, mismatches
 from specsampling import gpu as ssg
 from specsampling.gpu.ops import normalise, numpy_sum
 from specsampling.gpu.schemes.greedy import Greedy
@@ -32,7 +31,6 @@ NAMES = ("greedy", "spechub")
 #: The lowerings under test, by object (registration is checked by test_gpu_pathwise.py).
 LOWERINGS = {"greedy": Greedy(), "spechub": SpecHub()}
 EXTRA = {"greedy": (ss.Shape.greedy((5, 2)),), "spechub": (ss.Shape.hub(3),)}
-Round = tuple[ss.DraftTree, np.ndarray, np.ndarray, ss.Noise]
 
 
 def shapes(name: str) -> list[ss.Shape]:
@@ -72,28 +70,6 @@ def draw_rounds(name: str, pair: Any, seed: int, shape_list: list[ss.Shape]) -> 
     return [rounds[i] for i in rng.permutation(len(rounds))]
 
 
-def mismatches(lowering: Any, rounds: list[Round], device: str = "cpu") -> list[Any]:
-    """Rows whose lowered verdict or emitted tokens differ from the reference's."""
-    reference = ss.SCHEMES[ssg.get_lowering(lowering).name]
-    batch = ssg.TreeBatch.from_trees([r[0] for r in rounds], device=device)
-    target, draft = ssg.tables_batch([r[1] for r in rounds], [r[2] for r in rounds], device)
-    noise = ssg.Noise.from_reference([r[3] for r in rounds], device=device)
-    out = ssg.verify(lowering, batch, target, draft, noise)
-    nodes, tokens = out.node.tolist(), out.token.tolist()
-    emitted, counts = out.tokens.tolist(), out.num_emitted.tolist()
-    bad = []
-    for row, (tree, row_target, row_draft, row_noise) in enumerate(rounds):
-        expected = tuple(reference.verify(tree, row_target, row_draft, row_noise))
-        path = (*tree.prefix(expected[0]), expected[1])
-        padding = set(emitted[row][counts[row] :]) - {-1}
-        if (nodes[row], tokens[row]) != expected or tuple(emitted[row][: counts[row]]) != path:
-            bad.append((row, tree, (nodes[row], tokens[row]), expected))
-        elif padding:
-            bad.append((row, tree, "padding", padding))
-    return bad
-
-
-# --------------------------------------------------------------------------- numpy's sum order
 @pytest.mark.parametrize("vocab", [*range(1, 20), 64, 127, 128, 129, 136, 300, 1031, 8200])
 def test_numpy_sum_is_numpy_bit_for_bit(vocab: int) -> None:
     rng = np.random.default_rng(vocab)
@@ -149,31 +125,10 @@ def test_pathwise_on_device(name: str) -> None:
     )
 
 
-@st.composite
-def hypothesis_rounds(draw: Any, name: str) -> list[Round]:
-    """Trees of supported shapes over a drawn pair (p == q, near-equal, one-hot, disjoint
-    supports, zeros), with drawn and boundary uniforms per lane."""
-    shape_list = shapes(name)
-    vocab = draw(st.integers(2, 6))
-    pair = draw(model_pairs(vocab, max(s.depth for s in shape_list)))
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    uniform = st.one_of(
-        st.sampled_from([0.0, LARGEST_BELOW_ONE, 0.5]),
-        st.floats(0.0, 1.0, exclude_max=True, allow_nan=False),
-    )
-    rounds = []
-    for shape in draw(st.lists(st.sampled_from(shape_list), min_size=1, max_size=6)):
-        tree = shape.draft(pair, rng)
-        size = tree.num_nodes
-        lanes = st.lists(uniform, min_size=size, max_size=size)
-        rounds.append((tree, *tables(pair, tree), ss.Noise.checked(draw(lanes), draw(lanes), size)))
-    return rounds
-
-
 @pytest.mark.parametrize("name", NAMES)
 def test_pathwise_hypothesis(name: str) -> None:
     @settings(max_examples=120, deadline=None)
-    @given(hypothesis_rounds(name))
+    @given(hypothesis_rounds(shapes(name), max_vocab=6, max_trees=6))
     def check(rounds: list[Round]) -> None:
         assert mismatches(LOWERINGS[name], rounds) == []
 

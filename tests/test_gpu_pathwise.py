@@ -15,11 +15,10 @@ import numpy as np
 import pytest
 import torch
 from hypothesis import given
-from hypothesis import strategies as st
 
 import specsampling as ss
 from proofs_tests.catalogue import LAW_SHAPES
-from proofs_tests.strategies import model_pairs
+from proofs_tests.pathwise import Round, hypothesis_rounds, mismatches, run_lowering
 from specsampling import gpu as ssg
 from specsampling.noise import LARGEST_BELOW_ONE
 from specsampling.schemes import tables
@@ -44,7 +43,6 @@ DEEPER = (
 )
 SHAPES = LAW_SHAPES + DEEPER
 LOWERED = sorted(n for n, low in ssg.SCHEMES.items() if isinstance(low, ssg.schemes.TreeLowering))
-Round = tuple[ss.DraftTree, np.ndarray, np.ndarray, ss.Noise]
 
 
 def supported(name: str) -> list[ss.Shape]:
@@ -71,34 +69,6 @@ def mixed_rounds(name: str, pair: Any, seed: int) -> list[Round]:
     return [rounds[i] for i in order]
 
 
-def run_lowering(
-    lowering: Any, rounds: list[Round], device: str = "cpu", pad: float = 0.0
-) -> ssg.Verified:
-    batch = ssg.TreeBatch.from_trees([r[0] for r in rounds], device=device)
-    target, draft = ssg.tables_batch(
-        [r[1] for r in rounds], [r[2] for r in rounds], device=device, pad=pad
-    )
-    noise = ssg.Noise.from_reference([r[3] for r in rounds], device=device)
-    return ssg.verify(lowering, batch, target, draft, noise)
-
-
-def mismatches(lowering: Any, rounds: list[Round], device: str = "cpu", pad: float = 0.0) -> list:
-    """Rows whose lowered verdict (or emitted tokens) differ from the reference's."""
-    reference = ss.SCHEMES[ssg.get_lowering(lowering).name]
-    out = run_lowering(lowering, rounds, device, pad)
-    got = list(zip(out.node.tolist(), out.token.tolist(), strict=True))
-    tokens, counts = out.tokens.tolist(), out.num_emitted.tolist()
-    bad = []
-    for row, (tree, target, draft, noise) in enumerate(rounds):
-        expected = tuple(reference.verify(tree, target, draft, noise))
-        path = (*tree.prefix(expected[0]), expected[1])
-        emitted = tokens[row][: counts[row]]
-        if got[row] != expected or tuple(emitted) != path or set(tokens[row][counts[row] :]) - {-1}:
-            bad.append((row, tree, got[row], expected))
-    return bad
-
-
-# --------------------------------------------------------------------------- path-wise equality
 @pytest.mark.parametrize("name", LOWERED)
 @pytest.mark.parametrize("vocab", [2, 3, 6])
 @pytest.mark.parametrize("pair_seed", [0, 1, 2])
@@ -118,31 +88,9 @@ def test_pathwise_on_device(name: str) -> None:
         assert mismatches(name, mixed_rounds(name, pair, pair_seed), device=device) == []
 
 
-@st.composite
-def hypothesis_rounds(draw: Any, name: str) -> list[Round]:
-    """Trees of supported shapes over a drawn pair (zeros, one-hot, p == q, disjoint supports;
-    small vocabularies give i.i.d. duplicates), with drawn and boundary uniforms."""
-    shapes = supported(name)
-    vocab = draw(st.integers(2, 4))
-    pair = draw(model_pairs(vocab, max(s.depth for s in shapes)))
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    uniform = st.one_of(
-        st.sampled_from([0.0, LARGEST_BELOW_ONE, 0.5]),
-        st.floats(0.0, 1.0, exclude_max=True, allow_nan=False),
-    )
-    rounds = []
-    for shape in draw(st.lists(st.sampled_from(shapes), min_size=1, max_size=5)):
-        tree = shape.draft(pair, rng)
-        size = tree.num_nodes
-        lanes = st.lists(uniform, min_size=size, max_size=size)
-        noise = ss.Noise.checked(draw(lanes), draw(lanes), size)
-        rounds.append((tree, *tables(pair, tree), noise))
-    return rounds
-
-
 @pytest.mark.parametrize("name", LOWERED)
 def test_pathwise_hypothesis(name: str) -> None:
-    @given(hypothesis_rounds(name))
+    @given(hypothesis_rounds(supported(name)))
     def check(rounds: list[Round]) -> None:
         assert mismatches(name, rounds) == []
 

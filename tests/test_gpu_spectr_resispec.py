@@ -12,11 +12,10 @@ import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import specsampling as ss
 from proofs_tests.catalogue import LAW_SHAPES
-from proofs_tests.strategies import model_pairs
+from proofs_tests.pathwise import Round, hypothesis_rounds, mismatches
 from specsampling import gpu as ssg
 from specsampling.gpu.schemes import resispec as lowered
 from specsampling.gpu.schemes import spectr as lowered_spectr
@@ -51,7 +50,6 @@ POLICIES = [
     reference.ConfidenceDamping(scale=0.4, top=1),
 ]
 LOWERINGS = [lowered_spectr.SpecTr()] + [lowered.ResiSpec(policy) for policy in POLICIES]
-Round = tuple[ss.DraftTree, np.ndarray, np.ndarray, ss.Noise]
 
 
 def label(lowering: Any) -> str:
@@ -79,24 +77,6 @@ def mixed_rounds(lowering: Any, pair: Any, seed: int) -> list[Round]:
     return [rounds[i] for i in rng.permutation(len(rounds))]
 
 
-def mismatches(lowering: Any, rounds: list[Round], device: str = "cpu") -> list:
-    """Rows whose lowered verdict or emitted tokens differ from ``lowering.reference_scheme``'s."""
-    batch = ssg.TreeBatch.from_trees([r[0] for r in rounds], device=device)
-    target, draft = ssg.tables_batch([r[1] for r in rounds], [r[2] for r in rounds], device=device)
-    noise = ssg.Noise.from_reference([r[3] for r in rounds], device=device)
-    out = ssg.verify(lowering, batch, target, draft, noise)
-    got = list(zip(out.node.tolist(), out.token.tolist(), strict=True))
-    tokens, counts = out.tokens.tolist(), out.num_emitted.tolist()
-    scheme = lowering.reference_scheme
-    bad = []
-    for row, (tree, t, d, n) in enumerate(rounds):
-        expected = tuple(scheme.verify(tree, t, d, n))
-        path = (*tree.prefix(expected[0]), expected[1])
-        if got[row] != expected or tuple(tokens[row][: counts[row]]) != path:
-            bad.append((row, tree, got[row], expected))
-    return bad
-
-
 def has_duplicates(rounds: list[Round]) -> bool:
     return any(len(set(c)) < len(c) for r in rounds for c in r[0].candidates)
 
@@ -112,31 +92,14 @@ def test_pathwise_mixed_batches(lowering: Any, vocab: int) -> None:
         assert has_duplicates(rounds)  # the reuse rule was exercised
 
 
-@st.composite
-def hypothesis_rounds(draw: Any, lowering: Any) -> list[Round]:
-    """Rounds over a drawn pair (zeros, one-hot, p == q, disjoint supports) at vocab 2-3, so the
-    i.i.d. stars hold duplicates, with drawn and boundary uniforms (0, largest below one)."""
-    shapes = supported(lowering)
-    vocab = draw(st.integers(2, 3))
-    pair = draw(model_pairs(vocab, max(s.depth for s in shapes)))
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    uniform = st.one_of(
-        st.sampled_from([0.0, LARGEST_BELOW_ONE]),
-        st.floats(0.0, 1.0, exclude_max=True, allow_nan=False),
-    )
-    rounds = []
-    for shape in draw(st.lists(st.sampled_from(shapes), min_size=1, max_size=6)):
-        tree = shape.draft(pair, rng)
-        lanes = st.lists(uniform, min_size=tree.num_nodes, max_size=tree.num_nodes)
-        noise = ss.Noise.checked(draw(lanes), draw(lanes), tree.num_nodes)
-        rounds.append((tree, *tables(pair, tree), noise))
-    return rounds
-
-
 @pytest.mark.parametrize("lowering", LOWERINGS[:5], ids=label)
 def test_pathwise_hypothesis(lowering: Any) -> None:
     @settings(max_examples=40, deadline=None)
-    @given(hypothesis_rounds(lowering))
+    @given(
+        hypothesis_rounds(
+            supported(lowering), max_vocab=3, boundary=(0.0, LARGEST_BELOW_ONE), max_trees=6
+        )
+    )
     def check(rounds: list[Round]) -> None:
         assert mismatches(lowering, rounds) == []
 
