@@ -19,13 +19,14 @@ import specsampling as ss
 from proofs_tests.controls import CONTROLS
 from proofs_tests.mutants import MUTANTS as TOKEN_MUTANTS
 from proofs_tests.mutants import Case
+from proofs_tests.mutants_ot import OT_MUTANTS
 from proofs_tests.mutants_sequence import SEQUENCE_MUTANTS, BlockNoDenominatorGuard
 from proofs_tests.oracles import boundary_violations, chi_square_pvalue, sampled_counts
 from proofs_tests.strategies import cases
 from specsampling.pairs import Random
 from specsampling.schemes import tables
 
-MUTANTS = {**TOKEN_MUTANTS, **SEQUENCE_MUTANTS}
+MUTANTS = {**TOKEN_MUTANTS, **SEQUENCE_MUTANTS, **OT_MUTANTS}
 NAMES = sorted(MUTANTS)
 LAW_MUTANTS = [name for name in NAMES if MUTANTS[name].caught_by == "law"]
 FLOAT_CAUGHT = 1e-6

@@ -108,6 +108,9 @@ def test_draft_laws_and_refusals_at_two_drafts() -> None:
         "poisson": "without",
         "gls": "iid",
         "gls_strong": "iid",
+        "ot_optimal": "iid",
+        "ot_binned": "iid",
+        "khisti": "iid",
     }
     single = ("standard", "block", "gumbel")
     for name in single:  # chain verifiers: one draft per position only
@@ -161,6 +164,9 @@ def test_skewed_pair_numbers() -> None:
         "poisson": 0.6389,
         "gls": 0.4427,
         "gls_strong": 0.4427,
+        "ot_optimal": 0.49,  # the i.i.d. optimum, below
+        "ot_binned": 0.49,
+        "khisti": 0.49,  # k = 2 without truncation (3 tokens <= s): the optimum too
     }
     assert round(result.optimum_iid, 4) == 0.49
     assert round(result.optimum_without, 4) == 0.6583
@@ -318,6 +324,9 @@ def test_tree_refusals_by_shape() -> None:
         "resispec",
         "gls",
         "gls_strong",
+        "ot_optimal",
+        "ot_binned",
+        "khisti",
     }
     assert supported(ss.Shape.branching((2, 2))) == {
         "nss",

@@ -33,6 +33,8 @@ MODULES = (
     "traversal",
     "gumbel",
     "gls",
+    "ot_optimal",
+    "khisti",
 )
 
 #: Lowered schemes by reference name.

@@ -18,6 +18,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, NamedTuple
 
+import numpy as np
 import torch
 
 import specsampling as ss
@@ -218,3 +219,100 @@ class NodeLowering(TreeLowering):
             done = done | stops
         num_emitted = batch.depth[rows, node] + 1  # [B]
         return Verified(node, token, emitted, num_emitted)
+
+
+class HostPlanned(NodeLowering):
+    """A node scheme whose multi-candidate decision is planned on the host by its reference.
+
+    The reference gives ``decision(tree, node, target_probs, draft_probs) -> (weights per
+    distinct child, pi_reject, residual)``; nodes with one candidate run the standard rule here.
+    """
+
+    hot_path: ClassVar[tuple[str, ...]] = ("walk", "step", "node_step")
+
+    def __init__(self, scheme: Any) -> None:
+        self.scheme = scheme
+        self.name = scheme.name
+
+    @property
+    def reference_scheme(self) -> TreeScheme:
+        scheme: TreeScheme = self.scheme
+        return scheme
+
+    def node_extras(
+        self,
+        batch: TreeBatch,
+        target_probs: torch.Tensor,  # [B, N, V]
+        draft_probs: torch.Tensor,  # [B, N, V]
+    ) -> torch.Tensor:
+        """``[B, N, C + 1 + V]``: slot weights, ``pi_reject``, residual (host: one sync; a
+        zero-stride view of zeros when no node has two candidates)."""
+        batch_size, num_nodes, vocab_size = target_probs.shape
+        slots = batch.candidates.shape[-1]
+        extras = np.zeros((batch_size, num_nodes, slots + 1 + vocab_size))  # [B, N, C + 1 + V]
+        trees = batch.to_trees()
+        planned = [
+            (row, node)
+            for row, tree in enumerate(trees)
+            for node in range(tree.num_nodes)
+            if len(tree.candidates[node]) >= 2
+        ]
+        width = slots + 1 + vocab_size
+        if not planned:  # a stride-0 view: no memory, and step reads "nothing planned"
+            return target_probs.new_zeros((1, 1, 1), dtype=torch.float64).expand(
+                batch_size, num_nodes, width
+            )
+        target_np = target_probs.detach().to("cpu", torch.float64).numpy()  # [B, N, V]
+        draft_np = draft_probs.detach().to("cpu", torch.float64).numpy()  # [B, N, V]
+        for row, node in planned:
+            tree = trees[row]
+            weights, rejected, residual = self.scheme.decision(
+                tree, node, target_np[row], draft_np[row]
+            )
+            first_slot: dict[int, int] = {}
+            for slot, child in enumerate(tree.candidates[node]):
+                first_slot.setdefault(child, slot)
+            for child, weight in zip(tree.children(node), weights, strict=True):
+                extras[row, node, first_slot[child]] = weight
+            extras[row, node, slots] = rejected
+            extras[row, node, slots + 1 :] = residual
+        return torch.from_numpy(extras).to(target_probs.device)
+
+    def step(
+        self,
+        extras: torch.Tensor,  # [B, C + 1 + V]: slot weights, pi_reject, residual
+        target: torch.Tensor,  # [B, V]
+        draft: torch.Tensor,  # [B, V]
+        candidate_tokens: torch.Tensor,  # [B, C]
+        candidate_valid: torch.Tensor,  # [B, C] bool
+        accept_uniforms: torch.Tensor,  # [B, C] float64
+    ) -> NodeStep:
+        single = self.node_step(target, draft, candidate_tokens, candidate_valid, accept_uniforms)
+        slots = candidate_tokens.shape[-1]
+        planned = candidate_valid.sum(-1) >= 2  # [B]
+        weights = extras[:, : slots + 1]  # [B, C + 1]: slots, then reject
+        reject_only = torch.zeros_like(weights)  # [B, C + 1]
+        reject_only[:, slots] = 1.0
+        weights = torch.where(planned[:, None], weights, reject_only)  # [B, C + 1]
+        pick = ops.categorical(weights, accept_uniforms[:, 0])  # [B]
+        accepted = torch.where(pick < slots, pick, PAD)  # [B]
+        residual = extras[:, slots + 1 :].to(target.dtype)  # [B, V]
+        return NodeStep(
+            torch.where(planned, accepted, single.accepted),
+            torch.where(planned[:, None], residual, single.stop_probs),
+        )
+
+    def node_step(
+        self,
+        target: torch.Tensor,  # [B, V]
+        draft: torch.Tensor,  # [B, V]
+        candidate_tokens: torch.Tensor,  # [B, C]
+        candidate_valid: torch.Tensor,  # [B, C] bool
+        accept_uniforms: torch.Tensor,  # [B, C] float64
+    ) -> NodeStep:
+        """A node with one candidate: standard speculative sampling on slot 0."""
+        token = candidate_tokens[:, 0]  # [B]
+        accepted = candidate_valid[:, 0] & self.accepts(
+            accept_uniforms[:, 0], ops.gather_tokens(target, token), ops.gather_tokens(draft, token)
+        )  # [B]
+        return NodeStep(torch.where(accepted, 0, PAD), ops.residual(target, draft))

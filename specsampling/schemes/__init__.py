@@ -8,7 +8,10 @@ from . import (
     gls,
     greedy,
     gumbel,
+    khisti,
     nss,
+    ot_binned,
+    ot_optimal,
     resispec,
     rsd,
     spechub,
@@ -47,6 +50,9 @@ for _scheme in (
     gumbel.POISSON,
     gls.GLS_ACTIVE,
     gls.GLS_STRONG,
+    ot_optimal.SCHEME,
+    ot_binned.SCHEME,
+    khisti.SCHEME,
 ):
     SCHEMES.register(_scheme)
 
