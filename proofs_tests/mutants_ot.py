@@ -55,7 +55,12 @@ class OTIntendedLaw(OTOptimal):
         intended = node_plan.target_r
         excess = np.maximum(target - intended, 0 * target)
         residual = excess / excess.sum() if excess.sum() > 0 else target
-        return dataclasses.replace(node_plan, trees=trees, realised_r=intended, residual=residual)
+        return dataclasses.replace(
+            node_plan,
+            trees=trees,
+            support_realised_r=node_plan.support_target_r,
+            residual=residual,
+        )
 
 
 class OTDistinctTokens(OTOptimal):

@@ -353,3 +353,45 @@ def test_plan_validates_its_input() -> None:
         plan([0.5, 0.6], [0.5, 0.5], 2)
     with pytest.raises(ValueError, match="num_drafts"):
         plan([0.5, 0.5], [0.5, 0.5], 0)
+
+
+def test_benchmark_runs_quickly_and_reports_the_optimum(tmp_path: Any) -> None:
+    """``benchmarks/ot_verifiers.py --quick``: every table filled, ``ot_optimal`` at the optimum
+    to rounding (no timing is asserted; speed claims live in benchmarks/results)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    output = tmp_path / "ot.md"
+    done = subprocess.run(
+        [sys.executable, "benchmarks/ot_verifiers.py", "--quick", "--output", str(output)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    text = output.read_text()
+    sections = text.split("## ")
+    top = [
+        line
+        for line in sections[1].splitlines()
+        if line.startswith("| 2 ") or line.startswith("| 4 ")
+    ]
+    binned = [
+        line
+        for line in sections[2].splitlines()
+        if line.startswith("| 2 ") or line.startswith("| 4 ")
+    ]
+    khisti = [
+        line
+        for line in sections[3].splitlines()
+        if line.startswith("| 2 ") or line.startswith("| 4 ")
+    ]
+    assert len(top) == 4 and len(binned) == 2 and len(khisti) == 2
+    for line in top:
+        gap = float(line.strip("|").split("|")[-1])
+        assert abs(gap) <= 1e-12, line
+    for line in binned:
+        assert 0 <= float(line.strip("|").split("|")[-1]) < 1e-2, line

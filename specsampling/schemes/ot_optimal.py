@@ -115,28 +115,65 @@ class Plan:
 
     ``order`` lists the draft's support (``q > 0``) by descending ``p/q``, ties by ascending id;
     ``cut`` of them form the support of :math:`A^*` and the rest that of :math:`H^*`.
-    ``cell_bounds[part]`` are the cell boundaries of a part as indices into ``order`` (cell ``i``
-    of the part is ``order[bounds[i]:bounds[i + 1]]``: one token per cell for ``ot_optimal``, a
-    group for ``ot_binned``). Per token: ``part`` (``-1`` off the support) and ``cell``.
-    ``target_r`` is the closed-form law (0.2); ``realised_r`` the exact law of the implemented
-    selection rule (equal in exact arithmetic), ``residual`` :math:`\mathrm{norm}((p -
-    r_\text{real})_+)` (the target when that has no mass). ``alpha`` is :math:`\alpha^*`,
-    ``levels`` :math:`(c, d)` and ``loss_bound`` :math:`\sum_g \ell_g` (0 without groups).
+    ``cell_bounds[part]`` are the cell boundaries of a part as indices into its slice of
+    ``order`` (one token per cell for ``ot_optimal``, a group for ``ot_binned``). Per support
+    position (aligned with ``order``): ``support_cell`` (the cell within its part),
+    ``support_target_r`` (the closed-form law (0.2)) and ``support_realised_r`` (the exact law
+    of the implemented selection rule; equal in exact arithmetic); ``position[token]`` is the
+    token's index in ``order`` (``-1`` off the support). ``residual`` is
+    :math:`\mathrm{norm}((p - r_\text{real})_+)` (the target when that has no mass), ``alpha``
+    :math:`\alpha^*`, ``levels`` :math:`(c, d)` and ``loss_bound`` :math:`\sum_g \ell_g` (0
+    without groups). Only ``position`` and ``residual`` have the vocabulary's size; the per-token
+    views :attr:`part`, :attr:`cell`, :attr:`target_r` and :attr:`realised_r` are built on request.
     """
 
     num_drafts: int
     order: npt.NDArray[np.intp]
     cut: int
     cell_bounds: tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]
-    part: npt.NDArray[np.int8]
-    cell: npt.NDArray[np.intp]
+    position: npt.NDArray[np.intp]
+    support_cell: npt.NDArray[np.intp]
     trees: tuple[SplitTree, SplitTree]
-    target_r: Probs
-    realised_r: Probs
+    support_target_r: Probs
+    support_realised_r: Probs
     residual: Probs
     alpha: Any
     levels: tuple[Any, Any]
     loss_bound: Any
+
+    def realised(self, token: int) -> Any:
+        """:math:`r_\text{real}` of one token (0 off the support)."""
+        index = int(self.position[token])
+        return self.support_realised_r[index] if index >= 0 else self.residual[token] * 0
+
+    def _spread(self, values: Probs) -> Probs:
+        out = self.residual * 0
+        out[self.order] = values
+        return out
+
+    @property
+    def target_r(self) -> Probs:
+        """The closed-form law per token, ``[V]``."""
+        return self._spread(self.support_target_r)
+
+    @property
+    def realised_r(self) -> Probs:
+        """The realised selection law per token, ``[V]``."""
+        return self._spread(self.support_realised_r)
+
+    @property
+    def part(self) -> npt.NDArray[np.int8]:
+        """Per token: ``A_STAR``, ``H_STAR`` or ``-1`` (off the support), ``[V]``."""
+        out = np.full(len(self.position), -1, dtype=np.int8)
+        out[self.order[: self.cut]], out[self.order[self.cut :]] = A_STAR, H_STAR
+        return out
+
+    @property
+    def cell(self) -> npt.NDArray[np.intp]:
+        """Per token: its cell within its part (``-1`` off the support), ``[V]``."""
+        out = np.full(len(self.position), -1, dtype=np.intp)
+        out[self.order] = self.support_cell
+        return out
 
 
 def plan(target: Any, draft: Any, num_drafts: int, tau: Any = None) -> Plan:
@@ -178,8 +215,10 @@ def _plan(target: Probs, draft: Probs, n: int, tau: Any, cut: int | None = None)
     one: Any = target[0] * 0 + 1
     order = _ratio_order(target, draft, exact)  # support, descending p/q
     p_sorted, q_sorted = target[order], draft[order]  # [m] each
-    outside = np.asarray(draft <= 0, dtype=bool)  # Z: tokens with q = 0 (ratio +inf, first)
-    off_support = target[outside].sum() + (one - one) if exact else target.sum(where=outside)
+    total = target.sum()
+    # p(Z), Z the tokens with q = 0 (ratio +inf, first): in float by subtraction from the total
+    # (two sums instead of a masked pass over the vocabulary; an absolute error of rounding).
+    off_support = total - p_sorted.sum() if exact else max(float(total - p_sorted.sum()), 0.0)
     # Suffix masses S_i = q(order[i:]) and their powers S_i^n (no 1 - X subtraction).
     suffix = np.concatenate([np.cumsum(q_sorted[::-1])[::-1], [one * 0]])  # [m + 1]
     power = _power(suffix, n, exact)  # [m + 1]
@@ -210,31 +249,32 @@ def _plan(target: Probs, draft: Probs, n: int, tau: Any, cut: int | None = None)
         _split_tree(profiles[0], cell_q[0], cell_r[0], exact),
         _split_tree(profiles[1], cell_q[1], cell_r[1], exact),
     )
-    vocab = len(target)
-    part = np.full(vocab, -1, dtype=np.int8)
-    cell = np.full(vocab, -1, dtype=np.intp)
-    target_r = target * 0 if exact else np.zeros_like(target)
-    realised_r = target * 0 if exact else np.zeros_like(target)
     coefficient = [_coefficients(trees[0]), _coefficients(trees[1])]
     ratio_level = [
         np.minimum(ratio_a, c) if len(ratio_a) else ratio_a,
         np.maximum(ratio_h, d) if len(ratio_h) else ratio_h,
     ]
-    for index, tokens in enumerate((order[:cut], order[cut:])):
-        if not len(tokens):
-            continue
-        edges = bounds[index]
-        of = np.repeat(np.arange(len(edges) - 1), np.diff(edges))  # cell of each part token
-        part[tokens] = index
-        cell[tokens] = of
-        target_r[tokens] = ratio_level[index][of] * draft[tokens]
-        realised_r[tokens] = coefficient[index][of] * draft[tokens]
-        if tau is None:  # one token per cell: the closed form itself, not ratio * q
-            target_r[tokens] = cell_r[index]
-    excess = target.copy()  # (p - r_real)_+ : r_real is 0 off the support
-    excess[order] = np.maximum(target[order] - realised_r[order], 0 * one)
-    mass = excess.sum()
-    residual = excess / mass if mass > 0 else target
+    cells = [np.repeat(np.arange(len(b) - 1), np.diff(b)) for b in bounds]  # cell of each token
+    support_cell = np.concatenate(cells).astype(np.intp)  # [m]
+    if tau is None:  # one token per cell: the closed form itself, not ratio * q
+        support_target_r = np.concatenate(cell_r)
+    else:
+        support_target_r = np.concatenate(
+            [ratio_level[0][cells[0]] * q_sorted[:cut], ratio_level[1][cells[1]] * q_sorted[cut:]]
+        )
+    support_realised_r = np.concatenate(
+        [coefficient[0][cells[0]] * q_sorted[:cut], coefficient[1][cells[1]] * q_sorted[cut:]]
+    )  # [m]
+    position = np.full(len(target), -1, dtype=np.intp)
+    position[order] = np.arange(len(order))
+    # (p - r_real)_+ is p off the support (r_real = 0 there): one pass over the vocabulary.
+    support_excess = np.maximum(p_sorted - support_realised_r, 0 * one)  # [m]
+    mass = off_support + support_excess.sum()
+    if mass > 0:
+        residual = target / mass
+        residual[order] = support_excess / mass
+    else:
+        residual = target
     loss = _loss(p_sorted[:cut], q_sorted[:cut], bounds[0], A_STAR) + _loss(
         p_sorted[cut:], q_sorted[cut:], bounds[1], H_STAR
     )
@@ -243,11 +283,11 @@ def _plan(target: Probs, draft: Probs, n: int, tau: Any, cut: int | None = None)
         order=order,
         cut=cut,
         cell_bounds=bounds,
-        part=part,
-        cell=cell,
+        position=position,
+        support_cell=support_cell,
         trees=trees,
-        target_r=target_r,
-        realised_r=realised_r,
+        support_target_r=support_target_r,
+        support_realised_r=support_realised_r,
         residual=residual,
         alpha=alpha,
         levels=(c, d),
@@ -257,7 +297,7 @@ def _plan(target: Probs, draft: Probs, n: int, tau: Any, cut: int | None = None)
 
 def _ratio_order(target: Probs, draft: Probs, exact: bool) -> npt.NDArray[np.intp]:
     """The draft's support by descending ``p/q`` (float64 division), ties by ascending id."""
-    support = np.flatnonzero(np.asarray(draft > 0, dtype=bool))
+    support = np.flatnonzero(np.asarray(draft > 0, dtype=bool)) if exact else np.flatnonzero(draft)
     if exact:
         keys = {int(t): -(target[t] / draft[t]) for t in support}
         return np.array(sorted(keys, key=lambda t: (keys[t], t)), dtype=np.intp)
@@ -367,19 +407,25 @@ def _split_tree(profile: Probs, cell_q: Probs, cell_r: Probs, exact: bool) -> Sp
     left: list[int] = []
     right: list[int] = []
     slope: list[Any] = []
+    # Scalar reads from Python sequences (numpy scalar arithmetic is slow; the values and every
+    # rounding are the same), vector work on the arrays.
+    profile_at, grid_at = (profile, grid) if exact else (profile.tolist(), grid.tolist())
     pending: list[tuple[int, int, int, int]] = [(0, m, -1, 0)]  # (a, b, parent, side)
     while pending:
         a, b, parent, side = pending.pop()
         node = len(lo)
         if parent >= 0:
             (left if side == 0 else right)[parent] = node
-        chord = (profile[b] - profile[a]) / (grid[b] - grid[a])
+        chord = (profile_at[b] - profile_at[a]) / (grid_at[b] - grid_at[a])
         lo.append(a)
         hi.append(b)
         slope.append(chord)
         split.append(-1)
         left.append(-1)
         right.append(-1)
+        if b - a == 1:  # a single cell: a leaf
+            stop.append(zero + 1)
+            continue
         mu, j = _peel(profile, grid, cumulative, a, b, chord, exact)
         if mu is None:
             stop.append(zero + 1)
@@ -455,7 +501,8 @@ def selection(node_plan: Plan, draws: list[int]) -> dict[int, Any]:
     Returns ``{token: P(select a draw of token)}``, summing to 1 unless no draw is on the draft's
     support (a probability-zero event under the draw law: then the empty dict, a rejection).
     """
-    parts = [int(node_plan.part[t]) for t in draws]
+    positions = [int(node_plan.position[t]) for t in draws]
+    parts = [-1 if i < 0 else A_STAR if i < node_plan.cut else H_STAR for i in positions]
     if A_STAR in parts:
         which = A_STAR
     elif H_STAR in parts:
@@ -463,7 +510,11 @@ def selection(node_plan: Plan, draws: list[int]) -> dict[int, Any]:
     else:
         return {}
     tree = node_plan.trees[which]
-    kept = [(int(node_plan.cell[t]), t) for t, s in zip(draws, parts, strict=True) if s == which]
+    kept = [
+        (int(node_plan.support_cell[i]), t)
+        for t, i, s in zip(draws, positions, parts, strict=True)
+        if s == which
+    ]
     top = min(cell for cell, _ in kept)
     chosen: dict[int, Any] = {}
     node, reach = 0, 1
@@ -527,7 +578,7 @@ class OTOptimal(NodeScheme):
         for child in tree.children(node):
             token = tree.tokens[child]
             share = chosen.get(token, 0 * target[token])
-            weights.append(share * accept_probability(target[token], node_plan.realised_r[token]))
+            weights.append(share * accept_probability(target[token], node_plan.realised(token)))
         rejected = clip_probability(1 - sum(weights, 0 * target[0]))
         return weights, rejected, node_plan.residual
 
