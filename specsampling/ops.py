@@ -118,6 +118,10 @@ def categorical(probs: Probs, u: float) -> int:
     cdf = np.cumsum(probs)
     mass = cdf[-1]
     index = int(np.searchsorted(cdf, u * mass, side="right"))
+    # A zero-mass token is never the first to exceed u * mass (its cdf equals the previous
+    # one), so only an index past the last positive token needs the clip: skip that pass.
+    if index < len(probs) and probs[index] > 0:
+        return index
     positive = np.flatnonzero(np.asarray(probs > 0, dtype=bool))
     if positive.size == 0:
         raise ValueError("categorical: the distribution has no positive mass")

@@ -70,6 +70,8 @@ from .base import NodeScheme, Step
 
 #: Float guard of the peel: a stop probability within this of 1 makes a leaf.
 LEAF_MARGIN = 1e-15
+#: Tokens looked ahead at once by the float grouping of ``ot_binned`` (grown as needed).
+CELL_WINDOW = 256
 #: Index of the under-drafted part :math:`A^*` and of :math:`H^*` in :attr:`Plan.parts`.
 A_STAR, H_STAR = 0, 1
 
@@ -119,11 +121,12 @@ class Plan:
     ``order`` (one token per cell for ``ot_optimal``, a group for ``ot_binned``). Per support
     position (aligned with ``order``): ``support_cell`` (the cell within its part),
     ``support_target_r`` (the closed-form law (0.2)) and ``support_realised_r`` (the exact law
-    of the implemented selection rule; equal in exact arithmetic); ``position[token]`` is the
-    token's index in ``order`` (``-1`` off the support). ``residual`` is
+    of the implemented selection rule; equal in exact arithmetic). ``support`` is the same
+    tokens by ascending id and ``support_position[i]`` the index in ``order`` of
+    ``support[i]`` (:meth:`position`). ``residual`` is
     :math:`\mathrm{norm}((p - r_\text{real})_+)` (the target when that has no mass), ``alpha``
     :math:`\alpha^*`, ``levels`` :math:`(c, d)` and ``loss_bound`` :math:`\sum_g \ell_g` (0
-    without groups). Only ``position`` and ``residual`` have the vocabulary's size; the per-token
+    without groups). Only ``residual`` has the vocabulary's size; the per-token
     views :attr:`part`, :attr:`cell`, :attr:`target_r` and :attr:`realised_r` are built on request.
     """
 
@@ -131,7 +134,8 @@ class Plan:
     order: npt.NDArray[np.intp]
     cut: int
     cell_bounds: tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]
-    position: npt.NDArray[np.intp]
+    support: npt.NDArray[np.intp]
+    support_position: npt.NDArray[np.intp]
     support_cell: npt.NDArray[np.intp]
     trees: tuple[SplitTree, SplitTree]
     support_target_r: Probs
@@ -141,9 +145,16 @@ class Plan:
     levels: tuple[Any, Any]
     loss_bound: Any
 
+    def position(self, token: int) -> int:
+        """The index of ``token`` in :attr:`order`, ``-1`` off the support (a binary search)."""
+        index = int(np.searchsorted(self.support, token))
+        if index < len(self.support) and self.support[index] == token:
+            return int(self.support_position[index])
+        return -1
+
     def realised(self, token: int) -> Any:
-        """:math:`r_\text{real}` of one token (0 off the support)."""
-        index = int(self.position[token])
+        r"""The realised law :math:`r_\text{real}` of one token (0 off the support)."""
+        index = self.position(token)
         return self.support_realised_r[index] if index >= 0 else self.residual[token] * 0
 
     def _spread(self, values: Probs) -> Probs:
@@ -164,14 +175,14 @@ class Plan:
     @property
     def part(self) -> npt.NDArray[np.int8]:
         """Per token: ``A_STAR``, ``H_STAR`` or ``-1`` (off the support), ``[V]``."""
-        out = np.full(len(self.position), -1, dtype=np.int8)
+        out = np.full(len(self.residual), -1, dtype=np.int8)
         out[self.order[: self.cut]], out[self.order[self.cut :]] = A_STAR, H_STAR
         return out
 
     @property
     def cell(self) -> npt.NDArray[np.intp]:
         """Per token: its cell within its part (``-1`` off the support), ``[V]``."""
-        out = np.full(len(self.position), -1, dtype=np.intp)
+        out = np.full(len(self.residual), -1, dtype=np.intp)
         out[self.order] = self.support_cell
         return out
 
@@ -213,7 +224,8 @@ def _plan(target: Probs, draft: Probs, n: int, tau: Any, cut: int | None = None)
     non-optimal variant for the tests: lossless, below the optimum)."""
     exact = is_exact(target)
     one: Any = target[0] * 0 + 1
-    order = _ratio_order(target, draft, exact)  # support, descending p/q
+    support, perm = _ratio_order(target, draft, exact)
+    order = support[perm]  # the support by descending p/q
     p_sorted, q_sorted = target[order], draft[order]  # [m] each
     total = target.sum()
     # p(Z), Z the tokens with q = 0 (ratio +inf, first): in float by subtraction from the total
@@ -265,8 +277,8 @@ def _plan(target: Probs, draft: Probs, n: int, tau: Any, cut: int | None = None)
     support_realised_r = np.concatenate(
         [coefficient[0][cells[0]] * q_sorted[:cut], coefficient[1][cells[1]] * q_sorted[cut:]]
     )  # [m]
-    position = np.full(len(target), -1, dtype=np.intp)
-    position[order] = np.arange(len(order))
+    support_position = np.empty(len(order), dtype=np.intp)  # order[support_position] = support
+    support_position[perm] = np.arange(len(order))
     # (p - r_real)_+ is p off the support (r_real = 0 there): one pass over the vocabulary.
     support_excess = np.maximum(p_sorted - support_realised_r, 0 * one)  # [m]
     mass = off_support + support_excess.sum()
@@ -283,7 +295,8 @@ def _plan(target: Probs, draft: Probs, n: int, tau: Any, cut: int | None = None)
         order=order,
         cut=cut,
         cell_bounds=bounds,
-        position=position,
+        support=support,
+        support_position=support_position,
         support_cell=support_cell,
         trees=trees,
         support_target_r=support_target_r,
@@ -295,14 +308,19 @@ def _plan(target: Probs, draft: Probs, n: int, tau: Any, cut: int | None = None)
     )
 
 
-def _ratio_order(target: Probs, draft: Probs, exact: bool) -> npt.NDArray[np.intp]:
-    """The draft's support by descending ``p/q`` (float64 division), ties by ascending id."""
+def _ratio_order(
+    target: Probs, draft: Probs, exact: bool
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+    """``(support, perm)``: the draft's support by ascending id, and ``perm`` with
+    ``support[perm]`` by descending ``p/q`` (float64 division), ties by ascending id."""
     support = np.flatnonzero(np.asarray(draft > 0, dtype=bool)) if exact else np.flatnonzero(draft)
     if exact:
-        keys = {int(t): -(target[t] / draft[t]) for t in support}
-        return np.array(sorted(keys, key=lambda t: (keys[t], t)), dtype=np.intp)
+        keys = [-(target[t] / draft[t]) for t in support]
+        perm = sorted(range(len(support)), key=lambda i: (keys[i], i))
+        return support.astype(np.intp), np.array(perm, dtype=np.intp)
     ratio = target[support] / draft[support]
-    return support[np.lexsort((support, -ratio))].astype(np.intp)
+    # A stable sort of -ratio keeps equal ratios in ascending id (the support's own order).
+    return support.astype(np.intp), np.argsort(-ratio, kind="stable").astype(np.intp)
 
 
 def _power(values: Probs, n: int, exact: bool) -> Probs:
@@ -316,15 +334,48 @@ def _power(values: Probs, n: int, exact: bool) -> Probs:
 
 
 def _cells(p_part: Probs, q_part: Probs, tau: Any, part: int) -> npt.NDArray[np.intp]:
-    """Cell boundaries of one part (indices into the part's tokens, ``0`` and ``m`` included)."""
+    """Cell boundaries of one part (indices into the part's tokens, ``0`` and ``m`` included).
+
+    Left to right, a token joins the current group unless the group's loss bound would exceed
+    ``tau``. In float the group sums are running sums from the group's first token (a
+    ``cumsum`` over a window, the same additions in the same order as a token-by-token loop).
+    """
     m = len(q_part)
     if tau is None or m <= 1:
         return np.arange(m + 1, dtype=np.intp)
     ratio = p_part / q_part
+    if is_exact(p_part):
+        return _cells_exact(p_part, q_part, ratio, tau, part)
+    edges = [0]
+    start, window = 0, CELL_WINDOW
+    while start < m - 1:
+        end = min(m, start + window)
+        spent, mass = np.cumsum(p_part[start:end]), np.cumsum(q_part[start:end])
+        if part == A_STAR:
+            loss = spent - ratio[start:end] * mass
+        else:
+            loss = ratio[start] * mass - spent
+        over = np.flatnonzero(loss[1:] > tau)
+        if len(over):
+            start += 1 + int(over[0])
+            edges.append(start)
+            window = CELL_WINDOW
+        elif end == m:
+            break
+        else:
+            window *= 4  # the group is longer than the window: look further, from its start
+    edges.append(m)
+    return np.array(edges, dtype=np.intp)
+
+
+def _cells_exact(
+    p_part: Probs, q_part: Probs, ratio: Probs, tau: Any, part: int
+) -> npt.NDArray[np.intp]:
+    """:func:`_cells` token by token (``Fraction`` rows)."""
     edges = [0]
     group_p, group_q = p_part[0], q_part[0]
     first = ratio[0]
-    for i in range(1, m):
+    for i in range(1, len(q_part)):
         new_p, new_q = group_p + p_part[i], group_q + q_part[i]
         loss = new_p - ratio[i] * new_q if part == A_STAR else first * new_q - new_p
         if loss > tau:
@@ -332,7 +383,7 @@ def _cells(p_part: Probs, q_part: Probs, tau: Any, part: int) -> npt.NDArray[np.
             group_p, group_q, first = p_part[i], q_part[i], ratio[i]
         else:
             group_p, group_q = new_p, new_q
-    edges.append(m)
+    edges.append(len(q_part))
     return np.array(edges, dtype=np.intp)
 
 
@@ -501,7 +552,7 @@ def selection(node_plan: Plan, draws: list[int]) -> dict[int, Any]:
     Returns ``{token: P(select a draw of token)}``, summing to 1 unless no draw is on the draft's
     support (a probability-zero event under the draw law: then the empty dict, a rejection).
     """
-    positions = [int(node_plan.position[t]) for t in draws]
+    positions = [node_plan.position(t) for t in draws]
     parts = [-1 if i < 0 else A_STAR if i < node_plan.cut else H_STAR for i in positions]
     if A_STAR in parts:
         which = A_STAR
