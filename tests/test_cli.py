@@ -93,7 +93,26 @@ def kinds(report: Report) -> set[str]:
 # ---------------------------------------------------------------- the real registry
 
 
-def test_certify_table(capsys: pytest.CaptureFixture[str]) -> None:
+#: The full certification, run once for the table and the JSON tests (about a minute).
+_FULL_REPORT: dict[str, Report] = {}
+
+
+@pytest.fixture
+def certify_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the CLI's full (unselected) certification run once per test session."""
+    import specsampling.cli as cli
+
+    def cached(selected: Any = None, progress: Any = None) -> Report:
+        if selected is not None:
+            return certify(selected, progress=progress)
+        if "full" not in _FULL_REPORT:
+            _FULL_REPORT["full"] = certify(None, progress=progress)
+        return _FULL_REPORT["full"]
+
+    monkeypatch.setattr(cli, "certify", cached)
+
+
+def test_certify_table(capsys: pytest.CaptureFixture[str], certify_once: None) -> None:
     assert main(["certify", "--no-progress"]) == 0
     out, err = capsys.readouterr()
     assert err == ""
@@ -107,7 +126,7 @@ def test_certify_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert "refuses (raises UnsupportedShape)" in out
 
 
-def test_certify_json(capsys: pytest.CaptureFixture[str]) -> None:
+def test_certify_json(capsys: pytest.CaptureFixture[str], certify_once: None) -> None:
     assert main(["certify", "--json", "--no-progress"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["certified"] is True
