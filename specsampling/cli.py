@@ -43,8 +43,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     2
     """
     parser = _parser()
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given[:1] == ["models"]:  # its own command line (options such as --help pass through)
+        return _models(given[1:])
     try:
-        args = parser.parse_args(_join_negative_lists(sys.argv[1:] if argv is None else argv))
+        args = parser.parse_args(_join_negative_lists(given))
     except SystemExit as stop:  # argparse: --help, --version and usage errors
         return stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 2
     if args.command == "certify":
@@ -70,6 +73,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     parser.print_usage(sys.stderr)
     return 2
+
+
+def _models(rest: Sequence[str]) -> int:
+    """``specsampling models ...``: the real weights of :mod:`specsampling.gpu.hf.models`."""
+    try:
+        from specsampling.gpu.hf import models
+    except ImportError as err:  # torch or transformers missing
+        sys.stderr.write(
+            f"specsampling models: {err} (install the extra: pip install 'specsampling[hf]')\n"
+        )
+        return 2
+    status: int = models.main(list(rest))
+    return status
 
 
 #: Options whose value may start with "-" (negative numbers, "-inf" logits).
@@ -127,6 +143,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--json", action="store_true", help="print a machine-readable report")
     run.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    weights = commands.add_parser(
+        "models",
+        help="list or fetch the hash-pinned real model weights (extra [hf])",
+        description="specsampling models [--cache DIR] list | fetch NAME [--no-progress]",
+        add_help=False,
+    )
+    weights.add_argument("rest", nargs=argparse.REMAINDER)
     cmp = commands.add_parser(
         "compare",
         help="every scheme's exact acceptance next to the optimum",

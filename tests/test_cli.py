@@ -421,3 +421,13 @@ def test_compare_help_lists_the_new_options(capsys: pytest.CaptureFixture[str]) 
     assert code == 0
     for option in ("--logits", "--temperature", "--top-k", "--top-p", "--tolerance", "float32"):
         assert option in out
+
+
+def test_models_command_lists_and_refuses(capsys: pytest.CaptureFixture[str]) -> None:
+    """``specsampling models`` is the weights' own command line (gpu.hf.models.main)."""
+    assert main(["models", "list"]) == 0
+    out = capsys.readouterr().out
+    for name in ("smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"):
+        assert name in out
+    assert main(["models", "fetch", "nosuch"]) == 2
+    assert "unknown model 'nosuch'" in capsys.readouterr().err

