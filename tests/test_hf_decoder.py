@@ -446,8 +446,8 @@ def test_bad_inputs(pair):
         SpeculativeDecoder(sliding, None)
     with pytest.raises(UnsupportedShape, match="standard"):
         SpeculativeDecoder(target, draft, "standard", Shape.paths(2, 2))
-    with pytest.raises(UnsupportedShape, match="keyed coupling"):
-        SpeculativeDecoder(target, draft, "gumbel", Shape.chain(2))
+    with pytest.raises(ValueError, match="keyed coupling"):  # keyed: tests/test_hf_keyed.py
+        SpeculativeDecoder(target, draft, "gumbel", Shape.chain(2)).generate(prompt)
     with pytest.raises(UnsupportedShape, match="NGramDraft proposes chains"):
         SpeculativeDecoder(target, NGramDraft(), "nss", Shape.star(2))
     with pytest.raises(ValueError, match="layers"):

@@ -26,6 +26,36 @@ Draft rows of nodes the drafting never expanded (the deepest level, and a point-
 nodes) are **copies of the target row** at that node: the verifiers never read them, and were
 one to, :math:`q = p` is the choice that keeps the law.
 
+Keyed rounds (``scheme`` a keyed coupling: ``gumbel``, ``poisson``, ``gls``, ``gls_strong``;
+``generate(..., key=K)``, required). Row ``b`` decodes with key ``k_b = (K + b) mod 2**64`` (or
+``K[b]``), as :func:`specsampling.gpu.generate`. The noise of the position after a sequence
+(prompt included, left padding dropped) is the keyed field at its context word ``t``: its
+absolute position, or with ``window=h`` the watermark's hash of its previous ``h`` tokens
+(:class:`specsampling.keyed.KeyedNoise`, the row's prompt length as ``start``). A round
+
+1. drafts level by level as above, but every draw step is the keyed race of
+   :meth:`KeyedLowering.draft_step <specsampling.gpu.schemes.coupled.KeyedLowering.draft_step>`
+   on the processed draft distribution at its parent node
+   (:math:`\arg\min_z \log E[t, k_s, z] - \log q(z)`); an :class:`NGramDraft` enters as
+   point-mass rows, so the race drafts exactly its proposal;
+2. scores the tree in one target forward, as above;
+3. walks it with :meth:`KeyedLowering.walk <specsampling.gpu.schemes.coupled.KeyedLowering.walk>`
+   (the target's keyed selection :math:`\arg\min_z \min_{k} \log E[t, k, z] - \log p(z)`
+   at each node reached), and commits as above.
+
+With ``draft=None`` each token is the target's keyed selection over the shape's ``K`` rows at
+its position (:func:`specsampling.keyed.laws.decode`): keyed target-only decoding. The noise
+depends on the key and the context alone, never on the round, the batch or the drafter, so for
+the strong couplings (``gumbel``, ``poisson``, ``gls_strong``) the tokens **equal** keyed
+target-only decoding whatever the draft; with a model draft every keyed scheme's tokens equal
+:func:`specsampling.generate` with the same key on the same processed model pair (``gls``
+included, whose tokens do depend on the draft); the watermark
+(:func:`specsampling.keyed.watermark.detect`, ``rows=K``) detects them. "Equal" is exact in
+float64; in float32 a race whose two best scores lie within the rounding of a cached tree
+forward against a plain one could flip (never met in the tests). Every drafter is exact for a
+keyed coupling: drafting only chooses which exponentials the drafter shares with the target. A
+keyed round reads no uniforms (``seed`` is unused); a tree verifier takes no key.
+
 Drafters and their draw laws: a causal LM sharing the vocabulary (or
 :class:`LayerSkipDraft`, the target's own first layers) samples from its processed distribution
 (the shape's law); :class:`NGramDraft` proposes a deterministic chain (a point mass), exact only
@@ -46,15 +76,20 @@ import torch
 
 import specsampling as ss
 from specsampling.errors import InvalidDistribution, UnsupportedShape
+from specsampling.keyed import KeyedNoise
 from specsampling.shapes import Shape, check_shape
 from specsampling.tree import DrawLaw
 
+from .. import keyed as gk
 from .. import ops
 from ..api import verify
 from ..chain import chain_batch, verify_chain
 from ..drafting import TreeDrafter
+from ..generate import row_keys
 from ..processing import process
-from ..schemes import tree_lowering
+from ..schemes import SCHEMES, get_lowering, tree_lowering
+from ..schemes.base import Verified
+from ..schemes.coupled import Drafted, DraftPlan, KeyedLowering
 from ..tree import PAD, TreeBatch
 from .attention import (
     KVState,
@@ -228,7 +263,9 @@ class SpeculativeDecoder:
     draft : causal LM, LayerSkipDraft, NGramDraft or None
         ``None``: plain decoding with the target alone.
     scheme : str or lowering
-        A tree scheme of :data:`specsampling.gpu.SCHEMES` exact for the drafter's law.
+        A tree scheme of :data:`specsampling.gpu.SCHEMES` exact for the drafter's law, or a
+        keyed coupling (``gumbel``, ``poisson``, ``gls``, ``gls_strong``: every drafter; run
+        with ``generate(..., key=...)``).
     shape : Shape
         How each round drafts (a chain for :class:`NGramDraft`).
 
@@ -245,6 +282,15 @@ class SpeculativeDecoder:
     >>> out = dec.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=5, seed=0)
     >>> out.sequences.shape, out.num_generated
     (torch.Size([1, 8]), (5,))
+
+    Keyed decoding: ``gumbel`` emits keyed target-only decoding, whatever the draft.
+
+    >>> keyed = SpeculativeDecoder(target, draft, "gumbel", ss.Shape.chain(3))
+    >>> alone = SpeculativeDecoder(target, None, "gumbel", ss.Shape.chain(3))
+    >>> prompt = torch.tensor([[1, 2, 3]])
+    >>> a, b = (d.generate(prompt, 6, key=7).sequences for d in (keyed, alone))
+    >>> torch.equal(a, b)
+    True
     """
 
     def __init__(
@@ -257,7 +303,14 @@ class SpeculativeDecoder:
         check_causal_lm(target, "target")
         self.target = target
         self.shape = check_shape(Shape.chain(4) if shape is None else shape)
-        self.lowering = tree_lowering(scheme)
+        lowering = get_lowering(scheme)
+        #: The keyed coupling's draw plan (``None`` for a tree verifier): rows ``K`` and steps.
+        self.keyed_plan: DraftPlan | None = None
+        if isinstance(lowering, KeyedLowering):
+            self.lowering: Any = lowering
+            self.keyed_plan = lowering.plan(self.shape)  # UnsupportedShape as the reference
+        else:
+            self.lowering = tree_lowering(lowering)
         self.draft = draft
         self.traces: list[RoundTrace] | None = None
         reference = self.lowering.reference_scheme
@@ -269,7 +322,7 @@ class SpeculativeDecoder:
                 raise UnsupportedShape(
                     f"shape: NGramDraft proposes chains; got {self.shape!r} (use Shape.chain(k))"
                 )
-            if not reference.exact_for(DrawLaw.IID, True):
+            if self.keyed_plan is None and not reference.exact_for(DrawLaw.IID, True):
                 raise UnsupportedShape(
                     f"scheme: {self.lowering.name!r} is not exact for NGramDraft's point-mass "
                     "chains (exact: nss and the schemes exact on sampled chains, with the "
@@ -279,7 +332,8 @@ class SpeculativeDecoder:
             return
         if not isinstance(draft, LayerSkipDraft):
             check_causal_lm(draft, "draft")
-        reference.check(self.shape)
+        if self.keyed_plan is None:
+            reference.check(self.shape)
         draft_device, draft_dtype = _device_dtype(draft)
         if draft_device != device:
             raise ValueError(f"draft: on {draft_device}, but the target is on {device}")
@@ -305,18 +359,29 @@ class SpeculativeDecoder:
         eos_token_id: int | Sequence[int] | None = None,
         attention_mask: Any = None,
         pad_token_id: int | None = None,
+        key: Any = None,
+        window: int | None = None,
     ) -> DecodeOutput:
         """Generate up to ``max_new_tokens`` tokens per row (see the module doc).
 
         ``input_ids [B, L]`` (or ``[L]``), left-padded where ``attention_mask [B, L]`` has
         zeros; ``temperature`` / ``top_k`` / ``top_p`` as :func:`specsampling.gpu.process`
         (``temperature=0``: greedy); ``seed`` seeds every uniform of the call.
+
+        ``key`` (keyed couplings only, and required by them): row ``b`` decodes with key
+        ``(key + b) mod 2**64``, or ``key[b]`` for a sequence of ``B`` keys, as
+        :func:`specsampling.gpu.generate`; a keyed round reads no other randomness, so ``seed``
+        is unused and a row's tokens do not depend on the batch it is in. ``window``: the
+        watermark window (noise keyed by the hash of the previous ``window`` tokens, the
+        prompt's length the row's ``start``), as :class:`specsampling.keyed.KeyedNoise`;
+        ``None`` keys by absolute position. See the section "Keyed rounds" of the module doc.
         """
         started = time.perf_counter()
         device, _ = _device_dtype(self.target)
         prompt, mask = _check_prompt(input_ids, attention_mask, device)
         max_new_tokens = ss.validation.check_positive_int(max_new_tokens, "max_new_tokens", 0)
         process(torch.zeros(1, 2), temperature, top_k, top_p)  # the parameters' own checks
+        keys = self._check_key(key, window, prompt.shape[0])
         eos = _eos_set(eos_token_id)
         if pad_token_id is None:
             pad_token_id = min(eos) if eos else 0
@@ -327,13 +392,51 @@ class SpeculativeDecoder:
         else:
             generator.manual_seed(int(seed))
         run = _Run(self, prompt, mask, settings, generator)
+        if keys is not None:
+            run.keyed = _KeyedRounds(run, self.lowering, self.keyed_plan, keys, window)
         if max_new_tokens > 0:
             run.prefill()
         while run.active and max_new_tokens > 0:
             run.round(max_new_tokens, eos)
         return run.output(prompt, pad_token_id, time.perf_counter() - started)
 
+    def _check_key(self, key: Any, window: Any, batch: int) -> tuple[int, ...] | None:
+        """The row keys (``None`` for a tree verifier), refusing a missing or useless key."""
+        name = self.lowering.name
+        if self.keyed_plan is None:
+            if key is not None or window is not None:
+                keyed = sorted(n for n, low in SCHEMES.items() if isinstance(low, KeyedLowering))
+                raise ValueError(
+                    f"key: scheme {name!r} verifies from fresh uniforms and takes no key (nor "
+                    f"window); key= runs only the keyed couplings {keyed}"
+                )
+            return None
+        if key is None:
+            raise ValueError(
+                f"key: scheme {name!r} is a keyed coupling (drafter and verifier share one keyed "
+                "noise field, it cannot run from uniforms): pass key= (an int, or one per row)"
+            )
+        if window is not None:
+            ss.validation.check_positive_int(window, "window")
+        if getattr(key, "ndim", None) == 0:  # a 0-d tensor or array: one key
+            key = key.item()
+        if not isinstance(key, (int, str)) and hasattr(key, "__len__"):
+            if len(key) != batch:
+                raise ValueError(f"key: expected one key per row ({batch}), got {len(key)}")
+        return row_keys(key, batch)
+
     # ------------------------------------------------------------------ overridable pieces
+    def keyed_walk(
+        self,
+        drafted: Drafted,
+        plan: DraftPlan,
+        keys: torch.Tensor,  # [B] int64-held words
+        target_probs: torch.Tensor,  # [B, N, V]
+    ) -> Verified:
+        """The keyed coupling's walk down this round's trees (:meth:`KeyedLowering.walk`)."""
+        lowering: KeyedLowering = self.lowering
+        return lowering.walk(drafted, plan, keys, target_probs)
+
     def verify_round(
         self,
         tree: TreeBatch,
@@ -393,6 +496,7 @@ class _Run:
         self.draft_pending_valid = torch.ones_like(self.draft_pending, dtype=torch.bool)
         if self.draft is not None:
             self.plan = _DraftPlan(decoder.shape, self.device)
+        self.keyed: _KeyedRounds | None = None  # set by generate(key=...)
 
     # ------------------------------------------------------------------ phases
     def prefill(self) -> None:
@@ -421,6 +525,9 @@ class _Run:
         return process(logits, *self.settings)
 
     def round(self, max_new_tokens: int, eos: frozenset[int]) -> None:
+        if self.keyed is not None:
+            self.keyed.round(max_new_tokens, eos)
+            return
         dec = self.dec
         batch = len(self.rows)
         draft_logits_trace = None
@@ -647,6 +754,8 @@ class _Run:
         if not keep:
             return
         self.pending = self.pending[rows]
+        if self.keyed is not None:
+            self.keyed.select_rows(keep, rows)
         self.target.select_rows(rows)
         if self.draft is not None:
             self.draft.select_rows(rows)
@@ -675,6 +784,189 @@ class _Run:
         return DecodeOutput(sequences, tuple(len(g) for g in self.generated), stats)
 
 
+class _KeyedRounds:
+    """The keyed rounds of one :meth:`SpeculativeDecoder.generate` call (``key=`` given).
+
+    Holds the row keys ``keys [B]`` (int64-held words), the watermark window and each row's
+    prompt length (the keyed noise's ``start``); drafts from the keyed race, scores with the
+    target, walks with :meth:`KeyedLowering.walk`, and commits through the ``_Run``.
+    """
+
+    def __init__(
+        self,
+        run: _Run,
+        lowering: KeyedLowering,
+        plan: DraftPlan,
+        keys: Sequence[int],
+        window: int | None,
+    ) -> None:
+        self.run, self.lowering, self.plan, self.window = run, lowering, plan, window
+        self.keys = gk.as_words(list(keys), run.device)  # [B]
+        self.starts = [len(context) for context in run.contexts]  # prompt lengths, host
+
+    def select_rows(self, keep: list[int], rows: torch.Tensor) -> None:
+        self.keys = self.keys[rows]
+        self.starts = [self.starts[b] for b in keep]
+
+    # ------------------------------------------------------------------ contexts
+    def contexts_after(self, paths: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
+        """The context word of the position after each row's committed context followed by
+        ``paths [B, D]`` cut to ``depth [B]`` (``PAD``: the root): ``[B]`` int64-held, as
+        :meth:`specsampling.keyed.KeyedNoise.context` with the row's prompt as ``start``."""
+        run = self.run
+        depth = depth.clamp_min(0)
+        if self.window is None:  # the absolute position: committed + pending + path
+            return gk.position_context(run.target.lengths() + 1 + depth)
+        paths_h, depth_h = paths.tolist(), depth.tolist()
+        sequences = [
+            context + path[:d]
+            for context, path, d in zip(run.contexts, paths_h, depth_h, strict=True)
+        ]
+        out = torch.zeros(len(sequences), dtype=torch.long, device=run.device)  # [B]
+        for start in sorted(set(self.starts)):  # one batched call per distinct prompt length
+            rows = [b for b, s in enumerate(self.starts) if s == start]
+            noise = KeyedNoise(0, self.window, start=start)  # context words read no key
+            chosen = [sequences[b] for b in rows]
+            out[rows] = gk.context_words(noise, chosen, device=run.device)
+        return out
+
+    def root_contexts(self, batch: int) -> torch.Tensor:
+        empty = torch.empty((batch, 0), dtype=torch.long, device=self.run.device)
+        return self.contexts_after(empty, torch.zeros(batch, dtype=torch.long, device=empty.device))
+
+    # ------------------------------------------------------------------ a round
+    def round(self, max_new_tokens: int, eos: frozenset[int]) -> None:
+        run, dec = self.run, self.run.dec
+        batch = len(run.rows)
+        started = time.perf_counter()
+        raw = None
+        if dec.draft is None:
+            tree, drafted = run.root_tree(batch), None
+        else:
+            tree, drafted, raw = self.draft_tree(batch)
+        run.times["draft"] += _elapsed(started)
+
+        started = time.perf_counter()
+        target_logits = run.score(tree)  # [B, N, V]
+        target_probs = run.probs(target_logits)  # [B, N, V]
+        run.times["target"] += _elapsed(started)
+
+        started = time.perf_counter()
+        if drafted is None:
+            out = self.select_root(target_probs[:, 0])
+        else:
+            out = dec.keyed_walk(drafted, self.plan, self.keys, target_probs)
+        run.times["verify"] += _elapsed(started)
+        if dec.traces is not None:
+            dec.traces.append(
+                RoundTrace(
+                    [list(c) for c in run.contexts], tree, target_logits.detach().clone(), raw
+                )
+            )
+        run.commit(tree, out.tokens, out.num_emitted, out.node, max_new_tokens, eos)
+
+    def select_root(self, target_probs: torch.Tensor) -> Verified:
+        """Keyed target-only decoding: the target's keyed selection over all ``K`` rows at
+        the root (:func:`specsampling.keyed.laws.decode`), ``target_probs [B, V]``."""
+        batch, vocab = target_probs.shape
+        exps = self.lowering.node_exponentials(
+            self.keys, self.root_contexts(batch), self.plan.num_rows, vocab
+        )  # [B, K, V]
+        raced = torch.ones(exps.shape[:2], dtype=torch.bool, device=exps.device)  # [B, K]
+        token = self.lowering.select(target_probs, exps, raced)  # [B]
+        node = torch.zeros_like(token)
+        return Verified(node, token, token[:, None], torch.ones_like(token))
+
+    def draft_tree(self, batch: int) -> tuple[TreeBatch, Drafted, torch.Tensor | None]:
+        """Draft every row's tree from the keyed race (:meth:`KeyedLowering.draft_step`),
+        level by level: one draft forward per depth over the nodes of the level above (as
+        :meth:`_Run.draft_tree`), an :class:`NGramDraft`'s proposal as one-hot draft rows.
+        Returns the tree (trimmed to the largest row), the :class:`Drafted` bookkeeping of
+        the walk, and the raw draft logits at the expanded nodes when tracing."""
+        run, lowering, plan = self.run, self.lowering, self.plan
+        device = run.device
+        rows = torch.arange(batch, device=device)  # [B]
+        drafted = lowering.start(plan, self.root_contexts(batch))
+        state = run.draft  # None for an NGramDraft
+        levels = TreeDrafter(plan.shape, 1, device).levels if state is None else run.plan.levels
+        proposals = None if state is not None else self.ngram_probs(batch)  # [B, D, V]
+        level_logits: list[torch.Tensor] = []
+        level_paths = [torch.empty((batch, 1, 0), dtype=torch.long, device=device)]
+        level_exists = [torch.ones((batch, 1), dtype=torch.bool, device=device)]
+        run.pad_flag = torch.zeros((), dtype=torch.bool, device=device)
+        for level, steps in enumerate(levels):
+            frontier = (-1,) if level == 0 else levels[level - 1]
+            if level > 0:
+                nodes = drafted.step_nodes[:, list(frontier)]  # [B, F]
+                exists = nodes != PAD  # [B, F]
+                index = nodes.clamp_min(0)[..., None].expand(-1, -1, plan.depth)  # [B, F, D]
+                paths = drafted.paths.gather(1, index)[:, :, :level]  # [B, F, level]
+                level_paths.append(paths)
+                level_exists.append(exists)
+            if proposals is not None:
+                probs = proposals[:, level : level + 1]  # [B, 1, V] (a chain)
+            elif level == 0:
+                logits = run.forward_committed(
+                    state, run.draft_pending, run.draft_pending_valid, last_only=True
+                )  # [B, 1, V]
+                probs = run.draft_probs(logits)
+            else:
+                attend = run.plan.attend[level][None].expand(batch, -1, -1)  # [B, F, T + F]
+                attend = (attend & exists[:, :, None]) | run.plan.eye[level][None]
+                positions = state.lengths()[:, None] + (level - 1)  # [B, 1]
+                tokens = paths[:, :, -1].clamp_min(0)  # [B, F]
+                logits = state.forward(tokens, attend, positions.expand_as(tokens), exists)
+                probs = run.draft_probs(logits)
+            if proposals is None:
+                level_logits.append(logits)
+            slot = {step: f for f, step in enumerate(frontier)}
+            for step in steps:
+                parent_probs = probs[:, slot[plan.parents[step]]]  # [B, V]
+                drafted, node, created = lowering.draft_step(
+                    drafted, plan, step, self.keys, parent_probs
+                )
+                safe = node.clamp_min(0)  # [B]
+                contexts = self.contexts_after(drafted.paths[rows, safe], drafted.depth[rows, safe])
+                drafted = lowering.with_contexts(drafted, node, created, contexts)
+        if bool(run.pad_flag):
+            raise InvalidDistribution(
+                f"draft: its vocabulary is padded beyond the target's {run.vocab} tokens, and "
+                "the padded ids get positive draft probability (they must get none)"
+            )
+        size = int(drafted.num_nodes.max())  # one host synchronisation: the padded tree size
+        tree = TreeBatch(
+            drafted.parents[:, :size],
+            drafted.tokens[:, :size],
+            drafted.num_nodes,
+            drafted.candidates[:, :size],
+            drafted.depth[:, :size],
+            (plan.shape.law,) * batch,
+        )
+        raw = None
+        if state is not None:
+            run.level_paths, run.level_exists = level_paths, level_exists
+            if run.dec.traces is not None:
+                slot_of = run.node_slots(tree, level_paths, level_exists)  # [B, N]
+                raw = _gather_rows(torch.cat(level_logits, dim=1), slot_of).detach()
+                raw = raw.masked_fill(~(slot_of >= 0)[..., None], float("nan"))
+        return tree, drafted, raw
+
+    def ngram_probs(self, batch: int) -> torch.Tensor:
+        """An :class:`NGramDraft`'s chain as point-mass draft rows ``[B, D, V]`` (the race
+        then drafts exactly the proposal); past a short proposal, token 0 (any deterministic
+        filler keeps a keyed coupling exact: it decides which noise is shared, not the law)."""
+        run = self.run
+        depth = self.plan.depth
+        tokens = torch.zeros((batch, depth), dtype=torch.long)  # [B, D]
+        for row, context in enumerate(run.contexts):
+            proposal = run.dec.draft.propose(context, depth)
+            if proposal:
+                tokens[row, : len(proposal)] = torch.tensor(proposal)
+        probs = torch.zeros((batch, depth, run.vocab), dtype=torch.float64)
+        probs.scatter_(2, tokens[..., None], 1.0)
+        return probs.to(run.device)
+
+
 class _DraftPlan:
     """Static masks of a shape's level-by-level draft forwards: the query slots of level
     ``d >= 1`` are the steps of ``levels[d - 1]``; ``attend[d] [F_d, T_d + F_d]`` lets each
@@ -683,6 +975,8 @@ class _DraftPlan:
     def __init__(self, shape: Shape, device: torch.device) -> None:
         drafter = TreeDrafter(shape, 1, device)
         parents = drafter.parent_steps
+        #: The draw steps of each depth, in step order (``levels[d]``: the steps at depth d+1).
+        self.levels = drafter.levels
         slot: dict[int, int] = {}
         self.attend: dict[int, torch.Tensor] = {}
         self.eye: dict[int, torch.Tensor] = {}
@@ -755,6 +1049,8 @@ def generate(
     scheme: Any = "standard",
     shape: Shape | None = None,
     seed: int | None = None,
+    key: Any = None,
+    window: int | None = None,
     **model_kwargs: Any,
 ) -> torch.Tensor:
     """Speculative decoding inside ``model.generate(custom_generate=generate, ...)``.
@@ -762,7 +1058,8 @@ def generate(
     transformers (5.17+) calls this with the model, the prompt, its prepared logits processors,
     stopping criteria and generation config, plus our own keywords: ``draft_model`` (the draft:
     a model, :class:`LayerSkipDraft`, :class:`NGramDraft` or ``None``; ``assistant_model`` is not
-    passed to a callable), ``scheme``, ``shape`` and ``seed``. ``do_sample=False`` is greedy
+    passed to a callable), ``scheme``, ``shape``, ``seed``, and ``key`` / ``window`` for the
+    keyed couplings (:meth:`SpeculativeDecoder.generate`). ``do_sample=False`` is greedy
     (``temperature = 0``); ``temperature`` / ``top_k`` / ``top_p`` go through
     :func:`specsampling.gpu.process`. Any other logits processor or stopping criterion is refused
     (it cannot be applied exactly to tree rows here) rather than silently dropped. Returns the
@@ -799,6 +1096,8 @@ def generate(
         eos_token_id=config.eos_token_id,
         attention_mask=model_kwargs.get("attention_mask"),
         pad_token_id=config.pad_token_id,
+        key=key,
+        window=window,
     )
     return out.sequences
 
