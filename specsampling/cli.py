@@ -46,6 +46,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     given = list(sys.argv[1:] if argv is None else argv)
     if given[:1] == ["models"]:  # its own command line (options such as --help pass through)
         return _models(given[1:])
+    if given[:1] == ["decode"]:
+        return _decode(given[1:])
     try:
         args = parser.parse_args(_join_negative_lists(given))
     except SystemExit as stop:  # argparse: --help, --version and usage errors
@@ -86,6 +88,84 @@ def _models(rest: Sequence[str]) -> int:
         return 2
     status: int = models.main(list(rest))
     return status
+
+
+def _decode_parser() -> argparse.ArgumentParser:
+    made = argparse.ArgumentParser(
+        prog="specsampling decode",
+        description="Speculative decoding of a real model with a lowered scheme (extra [hf]); "
+        "prints the generated text, then the round statistics.",
+    )
+    made.add_argument("--target", required=True, help="a pinned model name or a model directory")
+    made.add_argument(
+        "--draft",
+        default=None,
+        help="a pinned model name or a directory; "
+        "'ngram' for prompt lookup; omitted: the target alone",
+    )
+    made.add_argument("--scheme", default="standard")
+    made.add_argument("--shape", default="chain(4)", help="e.g. 'paths(2, 4)'")
+    made.add_argument("--prompt", required=True)
+    made.add_argument("--max-new-tokens", type=int, default=64)
+    made.add_argument("--temperature", type=float, default=1.0)
+    made.add_argument("--top-k", type=int, default=None)
+    made.add_argument("--top-p", type=float, default=None)
+    made.add_argument("--seed", type=int, default=None)
+    made.add_argument("--key", type=int, default=None, help="keyed couplings: the key")
+    made.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32", "float64"))
+    return made
+
+
+def _decode(argv: Sequence[str]) -> int:
+    """``specsampling decode ...``: one prompt through the HF speculative decoder."""
+    made = _decode_parser()
+    try:
+        args = made.parse_args(list(argv))
+    except SystemExit as stop:
+        return stop.code if isinstance(stop.code, int) else 0
+    try:
+        import torch
+
+        from specsampling.gpu import hf
+    except ImportError as err:
+        sys.stderr.write(f"specsampling decode: {err} (pip install 'specsampling[hf]')\n")
+        return 2
+    try:
+        shape = parse_shape(args.shape)
+        dtype = getattr(torch, args.dtype)
+        target, tokenizer = hf.load_model(args.target, dtype=dtype)
+        draft: Any = None
+        if args.draft == "ngram":
+            draft = hf.NGramDraft(n=3)
+        elif args.draft is not None:
+            draft = hf.load_model(args.draft, dtype=dtype)[0]
+        decoder = hf.SpeculativeDecoder(target, draft, args.scheme, shape)
+        ids = tokenizer(args.prompt, return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            out = decoder.generate(
+                ids,
+                max_new_tokens=args.max_new_tokens,
+                temperature=args.temperature,
+                top_k=args.top_k,
+                top_p=args.top_p,
+                seed=args.seed,
+                key=args.key,
+                eos_token_id=tokenizer.eos_token_id,
+            )
+    except (ValueError, KeyError, TypeError, OSError, InvalidDistribution, UnsupportedShape) as err:
+        sys.stderr.write(f"specsampling decode: {err}\n")
+        return 2
+    generated = out.sequences[0, ids.shape[1] : ids.shape[1] + out.num_generated[0]]
+    sys.stdout.write(args.prompt + tokenizer.decode(generated.tolist()) + "\n")
+    stats = out.stats
+    sys.stdout.write(
+        f"\n{stats.num_tokens} tokens in {stats.rounds} rounds ({stats.block_efficiency:.2f} per "
+        f"round), {stats.target_forwards} target and {stats.draft_forwards} draft forwards, "
+        f"{stats.wall_time:.2f} s ({stats.tokens_per_second:.1f} tokens/s; draft "
+        f"{stats.draft_time:.2f} s, target {stats.target_time:.2f} s, verify "
+        f"{stats.verify_time:.2f} s)\n"
+    )
+    return 0
 
 
 #: Options whose value may start with "-" (negative numbers, "-inf" logits).
@@ -150,6 +230,14 @@ def _parser() -> argparse.ArgumentParser:
         add_help=False,
     )
     weights.add_argument("rest", nargs=argparse.REMAINDER)
+    decode = commands.add_parser(
+        "decode",
+        help="speculative decoding of a real model with a scheme (extra [hf])",
+        description="specsampling decode --target NAME [--draft NAME] --scheme S "
+        "--shape 'paths(2, 4)' --prompt TEXT (see specsampling decode --help)",
+        add_help=False,
+    )
+    decode.add_argument("rest", nargs=argparse.REMAINDER)
     cmp = commands.add_parser(
         "compare",
         help="every scheme's exact acceptance next to the optimum",

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 import specsampling as ss
@@ -116,3 +117,17 @@ def test_gpu_script_on_cpu(tmp_path: Path) -> None:
         assert record["floor_s"] > 0, record
     assert {r["B"] for r in data["chains"]} == {1, 4}
     assert not any(n.startswith("run aborted") for n in data["notes"]), data["notes"]
+
+
+@pytest.mark.slow
+def test_decode_benchmark_quick(tmp_path: Path) -> None:
+    """``benchmarks/decode.py --quick`` (random tiny models): both temperature tables, every
+    configuration a row, ours with a time split (no timing is asserted)."""
+    output = tmp_path / "decode.md"
+    run_script("benchmarks/decode.py", "--quick", "--output", str(output))
+    text = output.read_text()
+    for temperature in ("0", "1"):
+        assert f"## T = {temperature}" in text
+    rows = table_rows(text, "configuration")
+    assert len(rows) == 2 * 7
+    assert all(row[-1] == "-" or row[-1].count("%") == 3 for row in rows)

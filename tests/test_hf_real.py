@@ -220,3 +220,20 @@ def test_two_token_law_on_real_weights(smol):
     counts, _ = sampled_counts(mutant, prompt, seed=5)
     stray = [outcome for outcome in counts if law.get(outcome, 0) == 0]
     assert stray or chi_square_pvalue(counts, law) < ALPHA  # impossible outcomes, or a misfit
+
+
+def test_decode_command_prints_the_greedy_text_and_stats(smol, capsys):
+    """``specsampling decode``: at temperature 0 the printed text is the target's greedy text."""
+    from specsampling.cli import main
+
+    model, tokenizer = smol
+    prompt = PROMPTS[0]
+    expected = tokenizer.decode(greedy(model, encode(tokenizer, prompt), 8))
+    argv = ["decode", "--target", "smollm2-135m", "--draft", "ngram", "--scheme", "standard"]
+    argv += ["--shape", "chain(3)", "--prompt", prompt, "--max-new-tokens", "8"]
+    assert main([*argv, "--temperature", "0", "--dtype", "float32"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(prompt + expected)
+    assert "8 tokens in" in out and "draft forwards" in out and "tokens/s" in out
+    assert main(["decode", "--target", "smollm2-135m", "--prompt", "x", "--shape", "nope"]) == 2
+    assert "shape" in capsys.readouterr().err

