@@ -28,7 +28,6 @@ import datetime
 import gzip
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -38,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import is_busy, parser, report, sig, table
+from common import machine_lines, parser, report, sig, table
 
 import specsampling as ss
 from specsampling.gpu import hf
@@ -184,6 +183,7 @@ def main() -> None:
         target, draft, tokenizer = tiny_models()
         prompts = ["def add(a, b):", "def fib(n):"][: max(1, min(args.prompts, 2))]
         args.max_new_tokens = min(args.max_new_tokens, 12)
+        args.dtype = "float32"  # the tiny models' own
         names = ("random tiny Llama (quick)", "random tiny Llama (quick)")
     else:
         dtype = getattr(torch, args.dtype)
@@ -258,20 +258,10 @@ def main() -> None:
                 else ""
             )
         )
-    busy = is_busy(load_before)
     quick = " **(`--quick`: random tiny models, a smoke test, not a result)**" if args.quick else ""
     machine = "\n".join(
         [
-            f"- date: {datetime.date.today().isoformat()}",
-            f"- platform: {platform.platform()} ({platform.machine()}); CPU count: "
-            f"{os.cpu_count()}; torch threads: {args.threads}",
-            f"- Python {platform.python_version()}, torch {torch.__version__}, "
-            f"specsampling {ss.__version__}",
-            "- load average before: "
-            + ", ".join(f"{x:.2f}" for x in load_before)
-            + "; after: "
-            + ", ".join(f"{x:.2f}" for x in load_after)
-            + (" (**busy machine**)" if busy else " (idle before)"),
+            machine_lines(load_before, load_after),
             f"- target {names[0]}, draft {names[1]}, dtype {args.dtype}; {len(prompts)} HumanEval "
             f"prompts, {args.max_new_tokens} new tokens each (EOS ignored)",
             f"- run time of the whole benchmark: {time.perf_counter() - began:.0f} s",

@@ -31,6 +31,12 @@ transformers = pytest.importorskip("transformers")
 import specsampling as ss  # noqa: E402
 import specsampling.gpu as ssg  # noqa: E402
 from proofs_tests.chisquare import chi_square_pvalue  # noqa: E402
+from proofs_tests.hf_models import (  # noqa: E402
+    AlwaysAccept,
+    left_pad,
+    perturbed,
+    tiny_causal_lm,
+)
 from specsampling.errors import InvalidDistribution, UnsupportedShape  # noqa: E402
 from specsampling.gpu.hf import decoder as decoder_module  # noqa: E402
 from specsampling.gpu.hf.decoder import (  # noqa: E402
@@ -59,18 +65,7 @@ TREE_SCHEMES = [name for name, low in ssg.SCHEMES.items() if isinstance(low, Tre
 
 
 def llama(seed, vocab=64, attn="eager", dtype=torch.float32, layers=2):
-    torch.manual_seed(seed)
-    config = transformers.LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        attn_implementation=attn,
-    )
-    return no_eos(transformers.LlamaForCausalLM(config).to(dtype).eval())
+    return tiny_causal_lm("llama", seed, vocab=vocab, attn=attn, dtype=dtype, layers=layers)
 
 
 def sdpa_llama(seed, **kwargs):
@@ -78,35 +73,7 @@ def sdpa_llama(seed, **kwargs):
 
 
 def qwen(seed, vocab=64, attn="sdpa", dtype=torch.float32, **extra):
-    torch.manual_seed(seed)
-    config = transformers.Qwen2Config(
-        vocab_size=vocab,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        attn_implementation=attn,
-        **extra,
-    )
-    return no_eos(transformers.Qwen2ForCausalLM(config).to(dtype).eval())
-
-
-def no_eos(model):
-    """Random models have no real EOS: ``generate`` must not stop at the config's default."""
-    model.generation_config.eos_token_id = None
-    return model
-
-
-def perturbed(model, scale, seed):
-    """A copy of ``model`` with Gaussian noise on its weights: a draft that mostly agrees."""
-    torch.manual_seed(seed)
-    other = copy.deepcopy(model)
-    with torch.no_grad():
-        for parameter in other.parameters():
-            parameter.add_(scale * torch.randn_like(parameter))
-    return other
+    return tiny_causal_lm("qwen", seed, vocab=vocab, attn=attn, dtype=dtype, **extra)
 
 
 @pytest.fixture(autouse=True)
@@ -147,13 +114,6 @@ def reference_logits(model, prefixes):
         for row, i in enumerate(indices):
             out[i] = logits[row]
     return torch.stack(out)
-
-
-def left_pad(prompts, pad=0):
-    width = max(len(p) for p in prompts)
-    ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    return ids, mask
 
 
 PROMPTS = [[3, 5, 7, 9, 11], [4, 2], [8, 1, 6, 6]]
@@ -365,19 +325,6 @@ def test_sampling_two_token_law(small_pair, scheme, shape, drafter, settings):
     counts, out = two_token_counts(dec, settings, seed=11)
     assert chi_square_pvalue(counts, two_token_law(target, settings)) > ALPHA
     assert max(max(e) for e in out.stats.emitted) >= 2  # some rows did emit 2 in one round
-
-
-class AlwaysAccept(SpeculativeDecoder):
-    """Mutant: emits the whole drafted chain and a bonus, never testing anything."""
-
-    def verify_round(self, tree, target_probs, draft_probs, generator):
-        depth = tree.max_depth
-        rows = torch.arange(tree.batch_size)
-        u = torch.rand(tree.batch_size, dtype=torch.float64, generator=generator)
-        bonus = ssg.ops.categorical(target_probs[rows, depth], u)
-        tokens = torch.cat([tree.tokens[:, 1:], bonus[:, None]], dim=1)
-        full = torch.full_like(bonus, depth + 1)
-        return tokens, full, full - 1
 
 
 def test_negative_control_always_accept_fails(small_pair):

@@ -21,8 +21,6 @@ Issue 12 §2 ("key= selects keyed noise") and §3 proof 3, on tiny random Llama 
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import pytest
 
@@ -31,6 +29,7 @@ transformers = pytest.importorskip("transformers")
 
 import specsampling as ss  # noqa: E402
 import specsampling.gpu as ssg  # noqa: E402
+from proofs_tests.hf_models import left_pad, perturbed, tiny_causal_lm  # noqa: E402
 from specsampling.errors import UnsupportedShape  # noqa: E402
 from specsampling.gpu.hf import decoder as decoder_module  # noqa: E402
 from specsampling.gpu.hf.decoder import (  # noqa: E402
@@ -52,57 +51,11 @@ TOP = 2**64 - 1  # row keys wrap: TOP, 0, 1
 def llama(seed, sharpness=10.0, attn="eager"):
     """A random Llama whose head is scaled by ``sharpness``: peaked distributions (max p ~0.1)
     so drafts are rejected often enough (unscaled random heads are near uniform)."""
-    torch.manual_seed(seed)
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        attn_implementation=attn,
-    )
-    model = transformers.LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(sharpness)
-    model.generation_config.eos_token_id = None
-    return model
+    return tiny_causal_lm("llama", seed, vocab=VOCAB, attn=attn, sharpness=sharpness)
 
 
 def qwen(seed, sharpness=10.0):
-    torch.manual_seed(seed)
-    config = transformers.Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        attn_implementation="sdpa",
-    )
-    model = transformers.Qwen2ForCausalLM(config).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(sharpness)
-    model.generation_config.eos_token_id = None
-    return model
-
-
-def perturbed(model, scale, seed):
-    torch.manual_seed(seed)
-    other = copy.deepcopy(model)
-    with torch.no_grad():
-        for parameter in other.parameters():
-            parameter.add_(scale * torch.randn_like(parameter))
-    return other
-
-
-def left_pad(prompts, pad=0):
-    width = max(len(p) for p in prompts)
-    ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    return ids, mask
+    return tiny_causal_lm("qwen", seed, vocab=VOCAB, attn="sdpa", sharpness=sharpness)
 
 
 @pytest.fixture(autouse=True)

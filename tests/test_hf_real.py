@@ -26,6 +26,7 @@ import torch
 import specsampling as ss
 import specsampling.gpu as ssg
 from proofs_tests.chisquare import chi_square_pvalue
+from proofs_tests.hf_models import AlwaysAccept, left_pad
 from specsampling import Shape
 from specsampling.gpu import hf
 from specsampling.gpu.hf.decoder import node_paths
@@ -59,13 +60,6 @@ def _no_grad():
 
 def encode(tokenizer, text):
     return tokenizer(text)["input_ids"]
-
-
-def left_pad(rows, pad):
-    width = max(len(r) for r in rows)
-    ids = torch.tensor([[pad] * (width - len(r)) + list(r) for r in rows])
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-    return ids, mask
 
 
 def skip_draft(model):
@@ -191,19 +185,6 @@ def two_token_law(model, prompt):
 def sampled_counts(dec, prompt, seed):
     out = dec.generate(torch.tensor([prompt] * ROWS), max_new_tokens=2, seed=seed, **SETTINGS)
     return Counter(tuple(row) for row in out.sequences[:, len(prompt) :].tolist()), out
-
-
-class AlwaysAccept(hf.SpeculativeDecoder):
-    """Mutant: emits the drafted chain and a bonus without testing anything."""
-
-    def verify_round(self, tree, target_probs, draft_probs, generator):
-        depth = tree.max_depth
-        rows = torch.arange(tree.batch_size)
-        u = torch.rand(tree.batch_size, dtype=torch.float64, generator=generator)
-        bonus = ssg.ops.categorical(target_probs[rows, depth], u)
-        tokens = torch.cat([tree.tokens[:, 1:], bonus[:, None]], dim=1)
-        full = torch.full_like(bonus, depth + 1)
-        return tokens, full, full - 1
 
 
 def test_two_token_law_on_real_weights(smol):

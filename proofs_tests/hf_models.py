@@ -1,0 +1,88 @@
+"""Shared pieces of the Hugging Face decoder tests: tiny random causal LMs, a perturbed-copy
+draft, left padding, and the always-accept mutant (``tests/test_hf_*.py``)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+import transformers
+
+import specsampling.gpu as ssg
+from specsampling.gpu.hf.decoder import SpeculativeDecoder
+
+_FAMILIES = {
+    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+    "qwen": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+}
+
+
+def tiny_causal_lm(
+    family: str,
+    seed: int,
+    *,
+    vocab: int = 64,
+    attn: str = "eager",
+    dtype: torch.dtype = torch.float32,
+    layers: int = 2,
+    sharpness: float = 1.0,
+    **extra: Any,
+) -> Any:
+    """A random ``family`` ("llama" or "qwen") model: hidden 32, 4 heads (2 KV), no EOS; its
+    head scaled by ``sharpness`` (peaked distributions, so drafts get rejected)."""
+    torch.manual_seed(seed)
+    config_class, model_class = _FAMILIES[family]
+    config = config_class(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        attn_implementation=attn,
+        **extra,
+    )
+    model = model_class(config).to(dtype).eval()
+    if sharpness != 1.0:
+        with torch.no_grad():
+            model.lm_head.weight.mul_(sharpness)
+    return no_eos(model)
+
+
+def no_eos(model: Any) -> Any:
+    """Random models have no real EOS: ``generate`` must not stop at the config's default."""
+    model.generation_config.eos_token_id = None
+    return model
+
+
+def perturbed(model: Any, scale: float, seed: int) -> Any:
+    """A copy of ``model`` with Gaussian noise on its weights: a draft that mostly agrees."""
+    torch.manual_seed(seed)
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        for parameter in other.parameters():
+            parameter.add_(scale * torch.randn_like(parameter))
+    return other
+
+
+def left_pad(prompts: Any, pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention_mask)`` of left-padded prompts of different lengths."""
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    return ids, mask
+
+
+class AlwaysAccept(SpeculativeDecoder):
+    """Mutant: emits the whole drafted chain and a bonus, never testing anything."""
+
+    def verify_round(self, tree: Any, target_probs: Any, draft_probs: Any, generator: Any) -> Any:
+        depth = tree.max_depth
+        rows = torch.arange(tree.batch_size)
+        u = torch.rand(tree.batch_size, dtype=torch.float64, generator=generator)
+        bonus = ssg.ops.categorical(target_probs[rows, depth], u)
+        tokens = torch.cat([tree.tokens[:, 1:], bonus[:, None]], dim=1)
+        full = torch.full_like(bonus, depth + 1)
+        return tokens, full, full - 1
