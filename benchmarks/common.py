@@ -50,6 +50,23 @@ def report(text: str, output: Path | None, default: Path, write: bool) -> None:
         print(f"wrote {target}", file=sys.stderr)
 
 
+def report_result(
+    text: str, output: Path | None, default: Path, *, no_write: bool, quick: bool, busy: bool
+) -> None:
+    """:func:`report`, but a ``--quick`` run or a busy machine never writes into ``results/``
+    unless ``--output`` names a file."""
+    write = not no_write
+    if write and output is None and (quick or busy):
+        print(
+            "not writing benchmarks/results/: "
+            + ("--quick sizes" if quick else "busy machine")
+            + " (pass --output to save anyway)",
+            file=sys.stderr,
+        )
+        write = False
+    report(text, output, default, write)
+
+
 def parser(doc: str | None) -> argparse.ArgumentParser:
     """The benchmarks' command line: the docstring's first line, ``--output`` and ``--no-write``;
     each script adds its own sizes."""

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import machine_lines, parser, report, sig, table
+from common import is_busy, machine_lines, parser, report_result, sig, table
 
 import specsampling as ss
 from specsampling.gpu import hf
@@ -278,7 +278,14 @@ transformers' own assisted generation with the same draft (its greedy and `do_sa
 
 {(chr(10) * 2).join(sections)}
 """
-    report(text, args.output, RESULTS / f"decode-{datetime.date.today()}.md", not args.no_write)
+    report_result(
+        text,
+        args.output,
+        RESULTS / f"decode-{datetime.date.today()}.md",
+        no_write=args.no_write,
+        quick=args.quick,
+        busy=is_busy(load_before),
+    )
 
 
 if __name__ == "__main__":

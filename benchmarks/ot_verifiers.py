@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import interleaved_median, is_busy, model_pair, parser, report, sig, table
+from common import interleaved_median, is_busy, model_pair, parser, report_result, sig, table
 
 import specsampling as ss
 from specsampling.ops import categorical
@@ -279,8 +279,13 @@ B = 1, float64 tables `[1, k + 1, V]` on the CPU, validation on (the default). T
 lowerings (`HostPlanned`) copy the tables to numpy and run the reference plan of every node with
 two or more candidates, then the walk; SpecInfer's lowering is batched torch throughout.
 """
-    report(
-        text, args.output, RESULTS / f"ot_verifiers-{datetime.date.today()}.md", not args.no_write
+    report_result(
+        text,
+        args.output,
+        RESULTS / f"ot_verifiers-{datetime.date.today()}.md",
+        no_write=args.no_write,
+        quick=args.quick,
+        busy=busy,
     )
 
 

@@ -35,7 +35,6 @@ half the CPU count measures contention).
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -47,11 +46,11 @@ from common import (
     is_busy,
     machine_lines,
     parse_torch_args,
+    report_result,
     sig,
     table,
     torch_parser,
 )
-from common import report as write_report
 
 import specsampling.gpu as ssg
 
@@ -238,17 +237,15 @@ Goals (issue 10): HF loop / ours >= 10x, ours / read floor <= 4x.
 
 {reference_lines(lat_refs, 1)}
 """
-    write = not args.no_write
-    if write and args.output is None and (args.quick or busy):
-        print(
-            "not writing benchmarks/results/: "
-            + ("--quick sizes" if args.quick else "busy machine")
-            + " (pass --output to save anyway)",
-            file=sys.stderr,
-        )
-        write = False
     today = time.strftime("%Y-%m-%d")
-    write_report(text, args.output, RESULTS / f"torch_chains-{today}.md", write)
+    report_result(
+        text,
+        args.output,
+        RESULTS / f"torch_chains-{today}.md",
+        no_write=args.no_write,
+        quick=args.quick,
+        busy=busy,
+    )
 
 
 if __name__ == "__main__":

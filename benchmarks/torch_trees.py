@@ -28,7 +28,6 @@ times depend on the CPU and its load (printed).
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -40,11 +39,11 @@ from common import (
     is_busy,
     machine_lines,
     parse_torch_args,
+    report_result,
     sig,
     table,
     torch_parser,
 )
-from common import report as write_report
 
 import specsampling as ss
 import specsampling.gpu as ssg
@@ -192,17 +191,15 @@ Median of {args.repeats} interleaved repeats after a warm-up.
 
 {chr(10).join(s + chr(10) for s in sections)}{keyed_text}
 """
-    write = not args.no_write
-    if write and args.output is None and (args.quick or busy):
-        print(
-            "not writing benchmarks/results/: "
-            + ("--quick sizes" if args.quick else "busy machine")
-            + " (pass --output to save anyway)",
-            file=sys.stderr,
-        )
-        write = False
     today = time.strftime("%Y-%m-%d")
-    write_report(text, args.output, RESULTS / f"torch_trees-{today}.md", write)
+    report_result(
+        text,
+        args.output,
+        RESULTS / f"torch_trees-{today}.md",
+        no_write=args.no_write,
+        quick=args.quick,
+        busy=busy,
+    )
 
 
 if __name__ == "__main__":
