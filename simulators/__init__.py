@@ -1,13 +1,58 @@
-"""Monte-Carlo engines and synthetic model pairs (installed as ``specsampling.simulators``).
+"""Monte-Carlo calculators and simulators (installed as ``specsampling.simulators``).
 
-This release ships :func:`estimate_emitted`, a Monte-Carlo estimate of block efficiency that
-agrees with the exact engine within its standard error, and :mod:`.diffusion`, toy diffusions
-with a closed-form drift that run the continuous couplings of :mod:`specsampling.continuous`
-end to end and count target calls. Sweeps over LLM-like synthetic pairs arrive later.
+* :mod:`.pairs`: :class:`~.pairs.Synthetic`, LLM-like model pairs at real vocabulary sizes;
+* :func:`estimate` and :func:`compare`: block efficiency with error bars, plain or
+  Rao-Blackwellised, paired across schemes on the same drafted trees (:mod:`.estimators`);
+* :func:`estimate_emitted`: the small numpy-only Monte Carlo over the reference sampler;
+* :mod:`.diffusion`: toy diffusions with a closed-form drift for the continuous couplings.
+
+Everything but :func:`estimate_emitted`, :class:`Estimate` and :mod:`.diffusion` runs on the
+batched torch backend and needs torch (``pip install "specsampling[torch]"``); those names load
+on first use, so ``import specsampling.simulators`` works without it.
 """
 
 from __future__ import annotations
 
-from .monte_carlo import Estimate, estimate_emitted
+import importlib
+from typing import Any
 
-__all__ = ["Estimate", "estimate_emitted"]
+from .monte_carlo import estimate_emitted
+from .stats import Comparison, Estimate
+
+#: Names served lazily from torch-backed modules: name -> module.
+_LAZY = {
+    "pairs": "pairs",
+    "sources": "sources",
+    "estimators": "estimators",
+    "estimate": "estimators",
+    "compare": "estimators",
+    "conditional_emitted": "estimators",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'specsampling.simulators' has no attribute {name!r}")
+    try:
+        loaded = importlib.import_module(f".{module}", __name__)
+    except ImportError as error:  # pragma: no cover - exercised only without torch
+        raise ImportError(
+            f'specsampling.simulators.{name} needs torch: pip install "specsampling[torch]"'
+        ) from error
+    value = loaded if name == module else getattr(loaded, name)
+    globals()[name] = value
+    return value
+
+
+__all__ = [
+    "Comparison",
+    "Estimate",
+    "compare",
+    "conditional_emitted",
+    "estimate",
+    "estimate_emitted",
+    "estimators",
+    "pairs",
+    "sources",
+]

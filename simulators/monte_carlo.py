@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import math
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -12,13 +11,7 @@ from specsampling.sampling import speculate
 from specsampling.shapes import Shape
 from specsampling.validation import check_positive_int
 
-
-class Estimate(NamedTuple):
-    """A sample mean with its standard error and the number of rounds behind it."""
-
-    mean: float
-    stderr: float
-    num_rounds: int
+from .stats import Estimate
 
 
 def estimate_emitted(
@@ -40,4 +33,4 @@ def estimate_emitted(
     """
     n = check_positive_int(num_rounds, "num_rounds", minimum=2)
     emitted = np.array([len(speculate(scheme, pair, shape, rng, prefix).tokens) for _ in range(n)])
-    return Estimate(float(emitted.mean()), float(emitted.std(ddof=1) / math.sqrt(n)), n)
+    return Estimate.of(emitted, "plain")

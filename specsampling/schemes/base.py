@@ -23,7 +23,7 @@ import numpy as np
 from .._types import Prefix, Probs
 from ..errors import InvalidDistribution, UnsupportedShape
 from ..noise import Noise
-from ..ops import categorical, support
+from ..ops import categorical, support, total
 from ..pairs import ModelPair
 from ..shapes import Shape
 from ..tree import SAMPLED_LAWS, DraftTree, DrawLaw
@@ -45,6 +45,8 @@ class Verdict(NamedTuple):
 
 #: Exact law of a verdict given the drafted tree.
 VerdictLaw = dict[Verdict, Any]
+#: Law of the verdict's node: ``{node: probability}``.
+NodeLaw = dict[int, Any]
 
 
 @runtime_checkable
@@ -252,6 +254,19 @@ class TreeScheme(SchemeDefaults):
     def verdict_law(self, tree: DraftTree, target_probs: Probs, draft_probs: Probs) -> VerdictLaw:
         """Exact law of :meth:`verify`'s output over the noise, given ``tree``."""
 
+    def verdict_nodes(self, tree: DraftTree, target_probs: Probs, draft_probs: Probs) -> NodeLaw:
+        """Exact law of the verdict's *node* (the deepest accepted node), given ``tree``.
+
+        The marginal of :meth:`verdict_law` over the emitted token, without listing tokens:
+        what a Rao-Blackwellised estimate of the block efficiency needs,
+        ``E[tau + 1 | tree] = sum_v P(v) (depth(v) + 1)``. This default sums
+        :meth:`verdict_law`; top-down schemes and traversal compute it directly.
+        """
+        law: NodeLaw = {}
+        for verdict, prob in self.verdict_law(tree, target_probs, draft_probs).items():
+            law[verdict.node] = law.get(verdict.node, 0) + prob
+        return law
+
     def outcomes(
         self, pair: ModelPair, shape: Shape, prefix: Prefix
     ) -> Iterator[tuple[DraftTree, Any, VerdictLaw]]:
@@ -334,4 +349,26 @@ class NodeScheme(TreeScheme):
                     continue
                 verdict = Verdict(node, int(token))
                 law[verdict] = law.get(verdict, 0) + weight * stop[token]
+        return law
+
+    def verdict_nodes(self, tree: DraftTree, target_probs: Probs, draft_probs: Probs) -> NodeLaw:
+        self.check_round(tree, target_probs, draft_probs)
+        law: NodeLaw = {}
+        pending: list[tuple[int, Any]] = [(0, 1)]
+        while pending:
+            node, weight = pending.pop()
+            if not tree.candidates[node]:
+                law[node] = law.get(node, 0) + weight
+                continue
+            descend, stop = self.node_law(tree, node, target_probs, draft_probs)
+            pending.extend((child, weight * prob) for child, prob in descend if prob > 0)
+            staying = total(stop)
+            for token in dict.fromkeys(tree.tokens[c] for c in tree.candidates[node]):
+                mass = stop[token]
+                if mass > 0:  # a residual hit descends into the child holding the token
+                    hit = tree.child_with_token(node, int(token))
+                    assert hit is not None
+                    pending.append((hit, weight * mass))
+                    staying = staying - mass
+            law[node] = law.get(node, 0) + weight * staying
         return law

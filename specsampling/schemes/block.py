@@ -33,7 +33,7 @@ from ..ops import categorical, positive_part, total
 from ..pairs import ModelPair
 from ..tree import DraftTree
 from ..validation import check_positive_int
-from .base import TreeScheme, Verdict, VerdictLaw
+from .base import NodeLaw, TreeScheme, Verdict, VerdictLaw
 from .standard import standard_acceptance
 
 
@@ -82,6 +82,13 @@ class Block(TreeScheme):
                 if mass > 0:
                     law[Verdict(path[tau], token)] = prob * mass
         return law
+
+    def verdict_nodes(self, tree: DraftTree, target_probs: Probs, draft_probs: Probs) -> NodeLaw:
+        """The law of :meth:`verdict_law` by node: :meth:`tau_law` on the chain's nodes."""
+        self.check_round(tree, target_probs, draft_probs)
+        path = _chain_nodes(tree)
+        _, accept = self.block_probabilities(tree, path, target_probs, draft_probs)
+        return {path[tau]: prob for tau, prob in enumerate(self.tau_law(accept)) if prob > 0}
 
     def choose_tau(self, etas: list[float], accept: list[Any]) -> int:
         """The **last** ``i >= 1`` with ``eta_i < h_i`` (0 if none): later successes override."""

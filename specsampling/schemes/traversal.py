@@ -34,7 +34,7 @@ from .._types import Probs
 from ..noise import Noise
 from ..ops import categorical, positive_part, remove_token, total
 from ..tree import DraftTree, DrawLaw
-from .base import TreeScheme, Verdict, VerdictLaw
+from .base import NodeLaw, TreeScheme, Verdict, VerdictLaw
 from .standard import standard_acceptance
 
 
@@ -115,6 +115,23 @@ class Traversal(TreeScheme):
             for token, mass in enumerate(bonus):
                 if mass > 0 and accept > 0:
                     law[Verdict(leaf, token)] = remaining * accept * mass
+            remaining = remaining * (1 - accept)
+            if leaf == 0:
+                break
+            self.reject(state, leaf)
+        return law
+
+    def verdict_nodes(self, tree: DraftTree, target_probs: Probs, draft_probs: Probs) -> NodeLaw:
+        """The law of :meth:`verdict_law` by node: the same leaf sequence, no token lists."""
+        self.check_round(tree, target_probs, draft_probs)
+        state = TraversalState(tree, target_probs, draft_probs)
+        law: NodeLaw = {}
+        remaining: Any = 1
+        while remaining > 0:
+            leaf = state.first_leaf()
+            accept = 1 if leaf == 0 else min(max(state.weight[leaf], 0), 1)
+            if accept > 0:
+                law[leaf] = law.get(leaf, 0) + remaining * accept
             remaining = remaining * (1 - accept)
             if leaf == 0:
                 break

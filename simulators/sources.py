@@ -1,0 +1,162 @@
+"""Batches of drafted trees with both models' tables: what every Monte-Carlo estimator reads.
+
+A *tree source* is anything the estimators can draw rounds from:
+
+* a :class:`~specsampling.simulators.pairs.Synthetic` pair: trees are drafted level by level
+  on torch (:class:`specsampling.gpu.drafting.TreeDrafter`) and every node's distributions are
+  computed in one batched call per level;
+* any other :class:`~specsampling.pairs.ModelPair`: the same tensor drafter, with the pair called
+  once per node (numpy models are called per node);
+* :class:`~specsampling.simulators.recorded.RecordedTrees`: trees and tables recorded from real
+  models, replayed in order.
+
+Each batch is a :class:`Drafted`: a :class:`~specsampling.gpu.TreeBatch` and the float64
+target / draft tables ``[B, N, V]`` of its nodes (``table[b, n]`` is the distribution after node
+``n`` of row ``b``; padding rows are zeros and never read).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from specsampling.gpu import drafting, tables_batch
+from specsampling.gpu.tree import TreeBatch
+from specsampling.pairs import ModelPair, check_model_pair
+from specsampling.schemes import tables
+from specsampling.shapes import Shape, check_shape
+
+from .pairs import Synthetic
+
+#: Most table elements (trees x nodes x vocabulary) one batch holds, per table.
+BATCH_ELEMENTS = 1 << 23
+
+
+class Drafted(NamedTuple):
+    """One batch of drafted trees and the distributions at their nodes."""
+
+    trees: TreeBatch
+    target: torch.Tensor  # [B, N, V] float64
+    draft: torch.Tensor  # [B, N, V] float64
+    roots: tuple[tuple[int, ...], ...]  # the context each tree was drafted after
+
+
+def as_generator(generator: Any) -> np.random.Generator:
+    """``None`` (fresh entropy), an int seed or a numpy ``Generator``, as a ``Generator``."""
+    if (
+        generator is None
+        or (isinstance(generator, (int, np.integer))
+        and not isinstance(generator, bool))
+    ):
+        return np.random.default_rng(generator)
+    if isinstance(generator, np.random.Generator):
+        return generator
+    raise TypeError(
+        "generator: expected None, an integer seed or a numpy.random.Generator, got "
+        f"{type(generator).__name__}"
+    )
+
+
+def default_batch_size(shape: Shape, vocab_size: int) -> int:
+    """Trees per batch so that one table holds at most :data:`BATCH_ELEMENTS` values."""
+    nodes = 1 + len(shape.steps)
+    return max(1, BATCH_ELEMENTS // (nodes * vocab_size))
+
+
+def draft_batches(
+    pair: ModelPair,
+    shape: Shape,
+    num_trees: int,
+    generator: np.random.Generator,
+    *,
+    prefix: Sequence[int] | None = None,
+    batch_size: int | None = None,
+) -> Iterator[Drafted]:
+    """Draft ``num_trees`` trees of ``shape`` from ``pair``, in batches.
+
+    Roots: every tree drafts after ``prefix`` when it is given; otherwise after a fresh root
+    context per tree from ``pair.roots(num, generator)`` when the pair has one (a
+    :class:`Synthetic` pair), else after ``()``.
+    """
+    shape = check_shape(shape)
+    pair = check_model_pair(pair, "pair")
+    size = batch_size or default_batch_size(shape, pair.vocab_size)
+    left = num_trees
+    while left > 0:
+        count = min(size, left)
+        left -= count
+        if prefix is not None:
+            roots = [tuple(int(t) for t in prefix)] * count
+        elif hasattr(pair, "roots"):
+            roots = list(pair.roots(count, generator))
+        else:
+            roots = [()] * count
+        noise = torch.as_tensor(generator.random((count, len(shape.steps))), dtype=torch.float64)
+        if isinstance(pair, Synthetic):
+            yield _synthetic_batch(pair, shape, roots, noise)
+        else:
+            trees = drafting.draft(shape, pair, noise, prefix=roots)
+            target, draft = [], []
+            for tree, root in zip(trees.to_trees(), roots, strict=False):
+                t, d = tables(pair, tree, root)
+                target.append(t)
+                draft.append(d)
+            yield Drafted(trees, *tables_batch(target, draft), tuple(roots))
+
+
+def _synthetic_batch(
+    pair: Synthetic, shape: Shape, roots: list[tuple[int, ...]], noise: torch.Tensor
+) -> Drafted:
+    device = pair.device
+    root_hash = pair.hash_prefixes(roots)  # [B]
+    root_len = torch.tensor([len(r) for r in roots], dtype=torch.long, device=device)
+    vocab = pair.vocab_size
+
+    def source(frontier: drafting.Frontier) -> torch.Tensor:
+        batch, slots = frontier.exists.shape
+        paths = frontier.paths.to(device)
+        hashes = root_hash[:, None].expand(batch, slots)
+        for column in range(paths.shape[-1]):
+            hashes = pair.extend(hashes, paths[..., column].clamp_min(0))
+        lengths = (root_len[:, None] + paths.shape[-1]).expand(batch, slots)
+        real = frontier.exists.to(device).reshape(-1)
+        out = torch.zeros(batch * slots, vocab, dtype=torch.float64, device=device)
+        _, draft = pair.node_probs(hashes.reshape(-1)[real], lengths.reshape(-1)[real])
+        out[real] = draft
+        return out.reshape(batch, slots, vocab)
+
+    drafter = drafting.TreeDrafter(shape, len(roots), device)
+    noise = noise.to(device)
+    while not drafter.done:
+        columns = list(drafter.levels[drafter.level])
+        drafter.next_level(source(drafter.frontier), noise[:, columns])
+    trees = drafter.finish()
+    target, draft = node_tables(pair, trees, root_hash, root_len)
+    return Drafted(trees, target, draft, tuple(roots))
+
+
+def node_tables(
+    pair: Synthetic, trees: TreeBatch, root_hash: torch.Tensor, root_len: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target and draft tables ``[B, N, V]`` of every node of ``trees`` (zeros on padding)."""
+    batch, nodes = trees.parents.shape
+    hashes = [root_hash]
+    for node in range(1, nodes):
+        parent = trees.parents[:, node].clamp_min(0)
+        parent_hash = torch.stack(hashes, dim=1).gather(1, parent[:, None])[:, 0]
+        hashes.append(pair.extend(parent_hash, trees.tokens[:, node].clamp_min(0)))
+    words = torch.stack(hashes, dim=1)  # [B, N]
+    lengths = root_len[:, None] + trees.depth.clamp_min(0)
+    real = trees.real_nodes().reshape(-1)
+    target = torch.zeros(batch * nodes, pair.vocab_size, dtype=torch.float64, device=pair.device)
+    draft = torch.zeros_like(target)
+    t, d = pair.node_probs(words.reshape(-1)[real], lengths.reshape(-1)[real])
+    target[real], draft[real] = t, d
+    shape = (batch, nodes, pair.vocab_size)
+    return target.reshape(shape), draft.reshape(shape)
+
+
+__all__ = ["BATCH_ELEMENTS", "Drafted", "as_generator", "default_batch_size", "draft_batches"]
