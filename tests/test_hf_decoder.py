@@ -202,6 +202,18 @@ def test_greedy_batch_ragged_and_other_drafters(pair):
         assert out.num_generated == (8, 8, 8)
 
 
+def test_generate_with_gradients_enabled(pair):
+    """Regression: models fresh from ``from_pretrained`` have parameters that require grad, and
+    callers rarely wrap decoding in ``no_grad``; the decoder must (traversal's in-place kernels
+    refuse autograd inputs, and a graph over every round would hold all activations)."""
+    target, draft = pair
+    assert any(p.requires_grad for p in target.parameters())
+    with torch.enable_grad():
+        dec = SpeculativeDecoder(target, draft, "traversal", Shape.paths(2, 2))
+        out = dec.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=6, seed=0)
+    assert out.num_generated == (6,) and not out.sequences.requires_grad
+
+
 def test_greedy_sdpa_float64_and_vocab_padded_draft():
     target = qwen(0, dtype=torch.float64)
     draft = qwen(3, vocab=80, dtype=torch.float64)  # vocabulary padded by 16 ids

@@ -348,6 +348,7 @@ class SpeculativeDecoder:
             )
 
     # ------------------------------------------------------------------ generate
+    @torch.no_grad()
     def generate(
         self,
         input_ids: Any,
