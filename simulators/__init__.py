@@ -3,6 +3,8 @@
 * :mod:`.pairs`: :class:`~.pairs.Synthetic`, LLM-like model pairs at real vocabulary sizes;
 * :func:`estimate` and :func:`compare`: block efficiency with error bars, plain or
   Rao-Blackwellised, paired across schemes on the same drafted trees (:mod:`.estimators`);
+* :func:`record` and :class:`RecordedTrees`: drafted trees recorded from real models, replayed
+  for any scheme without them (:mod:`.recorded`);
 * :func:`estimate_emitted`: the small numpy-only Monte Carlo over the reference sampler;
 * :mod:`.diffusion`: toy diffusions with a closed-form drift for the continuous couplings.
 
@@ -27,6 +29,9 @@ _LAZY = {
     "estimate": "estimators",
     "compare": "estimators",
     "conditional_emitted": "estimators",
+    "recorded": "recorded",
+    "RecordedTrees": "recorded",
+    "record": "recorded",
 }
 
 
@@ -48,11 +53,14 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "Comparison",
     "Estimate",
+    "RecordedTrees",
     "compare",
     "conditional_emitted",
     "estimate",
     "estimate_emitted",
     "estimators",
     "pairs",
+    "record",
+    "recorded",
     "sources",
 ]

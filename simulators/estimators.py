@@ -43,6 +43,8 @@ from .sources import Drafted, as_generator, draft_batches
 from .stats import Comparison, Estimate
 
 METHODS = ("rao-blackwell", "plain")
+#: Trees drawn from a model pair when ``num_trees`` is not given.
+DEFAULT_TREES = 1024
 
 
 def resolve(scheme: Any, shape: Shape | None = None) -> TreeVerifier:
@@ -156,7 +158,7 @@ def _run(
     schemes: Sequence[Any],
     source: Any,
     shape: Shape | None,
-    num_trees: int,
+    num_trees: int | None,
     method: str,
     generator: Any,
     prefix: Sequence[int] | None,
@@ -165,6 +167,8 @@ def _run(
 ) -> tuple[list[TreeVerifier], np.ndarray, np.ndarray | None, Shape | None]:
     if method not in METHODS:
         raise ValueError(f"method: expected one of {METHODS}, got {method!r}")
+    if num_trees is None:
+        num_trees = len(source) if hasattr(source, "batches") else DEFAULT_TREES
     if isinstance(num_trees, bool) or not isinstance(num_trees, (int, np.integer)):
         raise TypeError(f"num_trees: expected an integer >= 2, got {num_trees!r}")
     if num_trees < 2:
@@ -209,7 +213,7 @@ def estimate(
     scheme: Any,
     source: Any,
     shape: Shape | None = None,
-    num_trees: int = 1024,
+    num_trees: int | None = None,
     method: str = "rao-blackwell",
     generator: Any = None,
     *,
@@ -227,8 +231,8 @@ def estimate(
         Where the rounds come from (see :mod:`specsampling.simulators.sources`).
     shape : Shape
         How each round drafts; recorded trees carry their own (``None`` or equal).
-    num_trees : int, default 1024
-        Drafted trees (rounds), at least 2.
+    num_trees : int, optional
+        Drafted trees (rounds), at least 2; default 1024 from a pair, every tree of a recording.
     method : {"rao-blackwell", "plain"}
         Exact conditional expectation per tree, or one sampled verification per tree.
     generator : None, int or numpy.random.Generator
@@ -264,7 +268,7 @@ def compare(
     schemes: Sequence[Any],
     source: Any,
     shape: Shape | None = None,
-    num_trees: int = 1024,
+    num_trees: int | None = None,
     method: str = "rao-blackwell",
     generator: Any = None,
     *,

@@ -46,10 +46,8 @@ class Drafted(NamedTuple):
 
 def as_generator(generator: Any) -> np.random.Generator:
     """``None`` (fresh entropy), an int seed or a numpy ``Generator``, as a ``Generator``."""
-    if (
-        generator is None
-        or (isinstance(generator, (int, np.integer))
-        and not isinstance(generator, bool))
+    if generator is None or (
+        isinstance(generator, (int, np.integer)) and not isinstance(generator, bool)
     ):
         return np.random.default_rng(generator)
     if isinstance(generator, np.random.Generator):
