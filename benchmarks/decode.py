@@ -65,8 +65,8 @@ OURS_T1 = [
     ("specinfer paths(2, 3)", "specinfer", PATHS),
     ("standard chain(3)", "standard", CHAIN(3)),
     ("spectr paths(2, 3)", "spectr", PATHS),
-    ("rsd paths(2, 3)", "rsd", PATHS),
     ("traversal delayed(2, 2, 2)", "traversal", ss.Shape.delayed(2, trunk=2, branch=2)),
+    ("specinfer delayed(2, 2, 2)", "specinfer", ss.Shape.delayed(2, trunk=2, branch=2)),
     ("traversal branching((2, 2))", "traversal", ss.Shape.branching((2, 2))),
     ("rsd branching((2, 2))", "rsd", ss.Shape.branching((2, 2))),
 ]
@@ -213,6 +213,8 @@ def main() -> None:
         configs = [("plain", "plain", None), ("HF assisted", "assisted", None)]
         configs += [(label, "ours", (scheme, shape)) for label, scheme, shape in ours]
         per_temperature[temperature] = configs
+        for _, scheme, shape in ours:  # refuse a bad configuration now, not an hour in
+            ss.SCHEMES[scheme].check(shape)
     totals: dict[tuple[str, float], dict[str, float]] = {}
     for index, text in enumerate(prompts):
         ids = tokenizer(text, return_tensors="pt")["input_ids"]
