@@ -48,6 +48,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _models(given[1:])
     if given[:1] == ["decode"]:
         return _decode(given[1:])
+    if given[:1] == ["simulate"]:
+        return _simulate(given[1:])
     try:
         args = parser.parse_args(_join_negative_lists(given))
     except SystemExit as stop:  # argparse: --help, --version and usage errors
@@ -88,6 +90,49 @@ def _models(rest: Sequence[str]) -> int:
         return 2
     status: int = models.main(list(rest))
     return status
+
+
+def _simulate(rest: Sequence[str]) -> int:
+    """``specsampling simulate ...``: Monte-Carlo sweeps (:mod:`specsampling.simulators.cli`)."""
+    try:
+        from specsampling.simulators import cli as simulate
+    except ImportError as err:  # pragma: no cover - exercised only without torch
+        sys.stderr.write(f"specsampling simulate: {err} (pip install 'specsampling[torch]')\n")
+        return 2
+    status: int = simulate.main(list(rest))
+    return status
+
+
+class _Streamer:
+    """Writes the prompt, then the text of each round's tokens as the decoder emits them.
+
+    The whole generated text is decoded again at every round and only its new characters are
+    written, so multi-token characters and tokenizer spacing come out exactly as a single
+    ``tokenizer.decode`` of the tokens would give them."""
+
+    def __init__(self, tokenizer: Any, prompt: str) -> None:
+        self.tokenizer, self.prompt = tokenizer, prompt
+        self.tokens: list[int] = []
+        self.shown = 0
+
+    def put(self, value: Any) -> None:
+        if self.prompt is not None:  # the first put is the prompt itself
+            sys.stdout.write(self.prompt)
+            sys.stdout.flush()
+            self.prompt = None
+            return
+        self.tokens.extend(int(t) for t in value.tolist())
+        text = self.tokenizer.decode(self.tokens)
+        if text.endswith("\ufffd"):  # a character cut between tokens: wait for the rest
+            return
+        sys.stdout.write(text[self.shown :])
+        sys.stdout.flush()
+        self.shown = len(text)
+
+    def end(self) -> None:
+        text = self.tokenizer.decode(self.tokens)
+        sys.stdout.write(text[self.shown :])
+        sys.stdout.flush()
 
 
 def _decode_parser() -> argparse.ArgumentParser:
@@ -141,6 +186,7 @@ def _decode(argv: Sequence[str]) -> int:
             draft = hf.load_model(args.draft, dtype=dtype)[0]
         decoder = hf.SpeculativeDecoder(target, draft, args.scheme, shape)
         ids = tokenizer(args.prompt, return_tensors="pt")["input_ids"]
+        streamer = _Streamer(tokenizer, args.prompt)
         with torch.no_grad():
             out = decoder.generate(
                 ids,
@@ -151,12 +197,12 @@ def _decode(argv: Sequence[str]) -> int:
                 seed=args.seed,
                 key=args.key,
                 eos_token_id=tokenizer.eos_token_id,
+                streamer=streamer,
             )
     except (ValueError, KeyError, TypeError, OSError, InvalidDistribution, UnsupportedShape) as err:
         sys.stderr.write(f"specsampling decode: {err}\n")
         return 2
-    generated = out.sequences[0, ids.shape[1] : ids.shape[1] + out.num_generated[0]]
-    sys.stdout.write(args.prompt + tokenizer.decode(generated.tolist()) + "\n")
+    sys.stdout.write("\n")
     stats = out.stats
     sys.stdout.write(
         f"\n{stats.num_tokens} tokens in {stats.rounds} rounds ({stats.block_efficiency:.2f} per "
@@ -238,6 +284,14 @@ def _parser() -> argparse.ArgumentParser:
         add_help=False,
     )
     decode.add_argument("rest", nargs=argparse.REMAINDER)
+    simulate = commands.add_parser(
+        "simulate",
+        help="Monte-Carlo block efficiency sweeps on synthetic pairs or recorded trees",
+        description="specsampling simulate [--schemes A,B] [--shapes S ...] [--budgets 4,8] "
+        "[--recorded FILE] [--json OUT] [--plots DIR] (see specsampling simulate --help)",
+        add_help=False,
+    )
+    simulate.add_argument("rest", nargs=argparse.REMAINDER)
     cmp = commands.add_parser(
         "compare",
         help="every scheme's exact acceptance next to the optimum",

@@ -214,6 +214,33 @@ def test_generate_with_gradients_enabled(pair):
     assert out.num_generated == (6,) and not out.sequences.requires_grad
 
 
+class _Recorder:
+    """A transformers-style streamer that keeps what it is given."""
+
+    def __init__(self):
+        self.puts, self.ended = [], 0
+
+    def put(self, value):
+        self.puts.append(value.tolist())
+
+    def end(self):
+        self.ended += 1
+
+
+def test_streamer_gets_the_prompt_then_every_round_then_end(pair):
+    target, draft = pair
+    prompt = torch.tensor([[5, 6, 7]])
+    streamer = _Recorder()
+    dec = SpeculativeDecoder(target, draft, "traversal", Shape.paths(2, 2))
+    out = dec.generate(prompt, max_new_tokens=9, seed=3, streamer=streamer)
+    assert streamer.puts[0] == [5, 6, 7] and streamer.ended == 1
+    streamed = [t for chunk in streamer.puts[1:] for t in chunk]
+    assert streamed == out.sequences[0, 3:].tolist() and len(streamed) == 9
+    assert [len(c) for c in streamer.puts[1:]] == list(out.stats.emitted[0])  # one put a round
+    with pytest.raises(ValueError, match="streamer"):
+        dec.generate(torch.tensor([[1, 2], [3, 4]]), max_new_tokens=2, streamer=_Recorder())
+
+
 def test_greedy_sdpa_float64_and_vocab_padded_draft():
     target = qwen(0, dtype=torch.float64)
     draft = qwen(3, vocab=80, dtype=torch.float64)  # vocabulary padded by 16 ids

@@ -362,6 +362,7 @@ class SpeculativeDecoder:
         pad_token_id: int | None = None,
         key: Any = None,
         window: int | None = None,
+        streamer: Any = None,
     ) -> DecodeOutput:
         """Generate up to ``max_new_tokens`` tokens per row (see the module doc).
 
@@ -376,6 +377,10 @@ class SpeculativeDecoder:
         watermark window (noise keyed by the hash of the previous ``window`` tokens, the
         prompt's length the row's ``start``), as :class:`specsampling.keyed.KeyedNoise`;
         ``None`` keys by absolute position. See the section "Keyed rounds" of the module doc.
+
+        ``streamer``: a transformers streamer (``TextStreamer``, ``TextIteratorStreamer``, or any
+        object with ``put(tokens)`` and ``end()``), batch size 1 as in transformers: it gets the
+        prompt, then each round's committed tokens as they are emitted, then ``end()``.
         """
         started = time.perf_counter()
         device, _ = _device_dtype(self.target)
@@ -392,13 +397,22 @@ class SpeculativeDecoder:
             generator.seed()
         else:
             generator.manual_seed(int(seed))
+        if streamer is not None and prompt.shape[0] != 1:
+            raise ValueError(
+                f"streamer: streaming takes one row (as in transformers), got {prompt.shape[0]}"
+            )
         run = _Run(self, prompt, mask, settings, generator)
+        run.streamer = streamer
+        if streamer is not None:
+            streamer.put(prompt[0].cpu())
         if keys is not None:
             run.keyed = _KeyedRounds(run, self.lowering, self.keyed_plan, keys, window)
         if max_new_tokens > 0:
             run.prefill()
         while run.active and max_new_tokens > 0:
             run.round(max_new_tokens, eos)
+        if streamer is not None:
+            streamer.end()
         return run.output(prompt, pad_token_id, time.perf_counter() - started)
 
     def _check_key(self, key: Any, window: Any, batch: int) -> tuple[int, ...] | None:
@@ -498,6 +512,7 @@ class _Run:
         if self.draft is not None:
             self.plan = _DraftPlan(decoder.shape, self.device)
         self.keyed: _KeyedRounds | None = None  # set by generate(key=...)
+        self.streamer: Any = None  # set by generate(streamer=...)
 
     # ------------------------------------------------------------------ phases
     def prefill(self) -> None:
@@ -700,6 +715,8 @@ class _Run:
                     break
             self.generated[original].extend(taken)
             self.emitted[original].append(len(taken))
+            if self.streamer is not None and taken:
+                self.streamer.put(torch.tensor(taken))
             self.contexts[b].extend(taken)
             if not stop:
                 keep_rows.append(b)
