@@ -3,6 +3,9 @@
 * :mod:`.pairs`: :class:`~.pairs.Synthetic`, LLM-like model pairs at real vocabulary sizes;
 * :func:`estimate` and :func:`compare`: block efficiency with error bars, plain or
   Rao-Blackwellised, paired across schemes on the same drafted trees (:mod:`.estimators`);
+* :func:`search_shape`: the best draft tree under a node budget, verifier-aware or by the
+  DDTree / OPT-Tree policies (:mod:`.search`, :mod:`.policies`), priced by a
+  :class:`~.cost.CostModel` when tokens/s is the goal;
 * :func:`record` and :class:`RecordedTrees`: drafted trees recorded from real models, replayed
   for any scheme without them (:mod:`.recorded`);
 * :func:`estimate_emitted`: the small numpy-only Monte Carlo over the reference sampler;
@@ -32,6 +35,20 @@ _LAZY = {
     "recorded": "recorded",
     "RecordedTrees": "recorded",
     "record": "recorded",
+    "cost": "cost",
+    "CostModel": "cost",
+    "policies": "policies",
+    "HeapTree": "policies",
+    "OptTree": "policies",
+    "search": "search",
+    "SearchResult": "search",
+    "search_shape": "search",
+    "sweep": "search",
+    "delayed_grid": "search",
+    "candidate_shapes": "search",
+    "depth": "depth",
+    "DepthProfile": "depth",
+    "depth_profile": "depth",
 }
 
 
@@ -52,15 +69,29 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "Comparison",
+    "CostModel",
+    "DepthProfile",
     "Estimate",
+    "HeapTree",
+    "OptTree",
     "RecordedTrees",
+    "SearchResult",
+    "candidate_shapes",
     "compare",
     "conditional_emitted",
+    "cost",
+    "delayed_grid",
+    "depth",
+    "depth_profile",
     "estimate",
     "estimate_emitted",
     "estimators",
     "pairs",
+    "policies",
     "record",
     "recorded",
+    "search",
+    "search_shape",
     "sources",
+    "sweep",
 ]

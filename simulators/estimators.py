@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -59,8 +59,14 @@ def resolve(scheme: Any, shape: Shape | None = None) -> TreeVerifier:
             "coupling drafts and verifies from one keyed field (use ss.expected_emitted, or "
             "specsampling.simulators.estimate_emitted, for it)"
         )
-    if shape is not None:
+    if isinstance(shape, Shape):
         obj.check(shape)
+    elif shape is not None and not obj.exact_for(shape.law, False):  # a tree policy
+        raise UnsupportedShape(
+            f"scheme {obj.name!r} is not exact for the trees of {shape!r} (law "
+            f"{shape.law.value!r}, chosen deterministically); it is exact for "
+            f"{obj.support_text()} (nss verifies any tree)"
+        )
     return obj
 
 
@@ -81,7 +87,7 @@ def conditional_emitted(scheme: Any, tree: ss.DraftTree, target: Any, draft: Any
     >>> shape = ss.Shape.chain(2)
     >>> total = sum(w * conditional_emitted("standard", t, *ss.schemes.tables(pair, t))
     ...             for t, w in shape.enumerate(pair, ()))
-    >>> abs(total - 19 / 9) < 1e-12
+    >>> bool(abs(total - 19 / 9) < 1e-12)
     True
     """
     obj = resolve(scheme)
@@ -164,7 +170,8 @@ def _run(
     prefix: Sequence[int] | None,
     batch_size: int | None,
     progress: bool | None,
-) -> tuple[list[TreeVerifier], np.ndarray, np.ndarray | None, Shape | None]:
+    on_batch: Callable[[Drafted], None] | None = None,
+) -> tuple[list[TreeVerifier], np.ndarray, np.ndarray | None, Any]:
     if method not in METHODS:
         raise ValueError(f"method: expected one of {METHODS}, got {method!r}")
     if num_trees is None:
@@ -183,7 +190,8 @@ def _run(
     else:
         if shape is None:
             raise TypeError("shape: a model pair needs a Shape to draft (e.g. ss.Shape.chain(4))")
-        shape = check_shape(shape)
+        if not hasattr(shape, "draft_trees"):
+            shape = check_shape(shape)
         objs = [resolve(s, shape) for s in schemes]
         batches = draft_batches(
             source, shape, int(num_trees), rng, prefix=prefix, batch_size=batch_size
@@ -193,6 +201,8 @@ def _run(
     bar = _Progress(f"{label} on {shape!r}", int(num_trees), progress)
     parts, plains = [], []
     for batch in batches:
+        if on_batch is not None:
+            on_batch(batch)
         values, plain = _values(objs, batch, method, torch_generator)
         parts.append(values)
         if plain is not None:

@@ -277,15 +277,29 @@ class Synthetic:
         dtype : torch.dtype, default float64
             float64, or float32 for speed (processed in float32).
         """
+        target, draft = self._evaluate(hashes, lengths, dtype, with_target=True)
+        assert target is not None
+        return target, draft
+
+    def draft_probs(
+        self, hashes: torch.Tensor, lengths: torch.Tensor, dtype: torch.dtype = torch.float64
+    ) -> torch.Tensor:
+        """The draft distributions ``[M, V]`` alone (what drafting reads), as :meth:`node_probs`."""
+        return self._evaluate(hashes, lengths, dtype, with_target=False)[1]
+
+    def _evaluate(
+        self, hashes: torch.Tensor, lengths: torch.Tensor, dtype: torch.dtype, with_target: bool
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
         rows = int(hashes.shape[0])
         vocab = self._vocab_size
-        target = torch.empty(rows, vocab, dtype=dtype, device=self.device)
-        draft = torch.empty_like(target)
+        draft = torch.empty(rows, vocab, dtype=dtype, device=self.device)
+        target = torch.empty_like(draft) if with_target else None
         step = max(1, _CHUNK_ELEMENTS // vocab)
         for start in range(0, rows, step):
             part = slice(start, min(rows, start + step))
             t_logits, d_logits = self._logits(hashes[part], lengths[part], dtype)
-            target[part] = self._process(t_logits)
+            if target is not None:
+                target[part] = self._process(t_logits)
             draft[part] = self._process(d_logits)
         return target, draft
 

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+import specsampling as ss
 from specsampling.gpu import drafting, tables_batch
 from specsampling.gpu.tree import TreeBatch
 from specsampling.pairs import ModelPair, check_model_pair
@@ -58,9 +59,9 @@ def as_generator(generator: Any) -> np.random.Generator:
     )
 
 
-def default_batch_size(shape: Shape, vocab_size: int) -> int:
+def default_batch_size(shape: Any, vocab_size: int) -> int:
     """Trees per batch so that one table holds at most :data:`BATCH_ELEMENTS` values."""
-    nodes = 1 + len(shape.steps)
+    nodes = shape.max_nodes if hasattr(shape, "max_nodes") else 1 + len(shape.steps)
     return max(1, BATCH_ELEMENTS // (nodes * vocab_size))
 
 
@@ -79,7 +80,8 @@ def draft_batches(
     context per tree from ``pair.roots(num, generator)`` when the pair has one (a
     :class:`Synthetic` pair), else after ``()``.
     """
-    shape = check_shape(shape)
+    if isinstance(shape, Shape) or not hasattr(shape, "draft_trees"):
+        shape = check_shape(shape)
     pair = check_model_pair(pair, "pair")
     size = batch_size or default_batch_size(shape, pair.vocab_size)
     left = num_trees
@@ -92,6 +94,9 @@ def draft_batches(
             roots = list(pair.roots(count, generator))
         else:
             roots = [()] * count
+        if not isinstance(shape, Shape):  # a tree policy drafts its own trees
+            yield tables_for(pair, shape.draft_trees(pair, roots), roots)
+            continue
         noise = torch.as_tensor(generator.random((count, len(shape.steps))), dtype=torch.float64)
         if isinstance(pair, Synthetic):
             yield _synthetic_batch(pair, shape, roots, noise)
@@ -103,6 +108,34 @@ def draft_batches(
                 target.append(t)
                 draft.append(d)
             yield Drafted(trees, *tables_batch(target, draft), tuple(roots))
+
+
+def draft_at(pair: ModelPair, prefixes: Sequence[tuple[int, ...]]) -> torch.Tensor:
+    """The draft distributions after each prefix, float64 ``[M, V]`` (one batched call for a
+    :class:`Synthetic` pair, one ``pair.draft`` per prefix otherwise)."""
+    if isinstance(pair, Synthetic):
+        lengths = torch.tensor([len(p) for p in prefixes], dtype=torch.long, device=pair.device)
+        return pair.draft_probs(pair.hash_prefixes(prefixes), lengths)
+    rows = [np.asarray(pair.draft(p), dtype=np.float64) for p in prefixes]
+    return torch.tensor(np.stack(rows), dtype=torch.float64)
+
+
+def tables_for(
+    pair: ModelPair, trees: Sequence[ss.DraftTree], roots: Sequence[tuple[int, ...]]
+) -> Drafted:
+    """Batch hand-made (or policy-made) ``trees`` drafted after ``roots`` with their tables."""
+    batch = TreeBatch.from_trees(list(trees))
+    if isinstance(pair, Synthetic):
+        root_hash = pair.hash_prefixes(list(roots))
+        root_len = torch.tensor([len(r) for r in roots], dtype=torch.long, device=pair.device)
+        target, draft = node_tables(pair, batch, root_hash, root_len)
+        return Drafted(batch, target, draft, tuple(roots))
+    target_rows, draft_rows = [], []
+    for tree, root in zip(trees, roots, strict=False):
+        t, d = tables(pair, tree, root)
+        target_rows.append(t)
+        draft_rows.append(d)
+    return Drafted(batch, *tables_batch(target_rows, draft_rows), tuple(roots))
 
 
 def _synthetic_batch(
@@ -122,8 +155,7 @@ def _synthetic_batch(
         lengths = (root_len[:, None] + paths.shape[-1]).expand(batch, slots)
         real = frontier.exists.to(device).reshape(-1)
         out = torch.zeros(batch * slots, vocab, dtype=torch.float64, device=device)
-        _, draft = pair.node_probs(hashes.reshape(-1)[real], lengths.reshape(-1)[real])
-        out[real] = draft
+        out[real] = pair.draft_probs(hashes.reshape(-1)[real], lengths.reshape(-1)[real])
         return out.reshape(batch, slots, vocab)
 
     drafter = drafting.TreeDrafter(shape, len(roots), device)
@@ -157,4 +189,12 @@ def node_tables(
     return target.reshape(shape), draft.reshape(shape)
 
 
-__all__ = ["BATCH_ELEMENTS", "Drafted", "as_generator", "default_batch_size", "draft_batches"]
+__all__ = [
+    "BATCH_ELEMENTS",
+    "Drafted",
+    "as_generator",
+    "default_batch_size",
+    "draft_at",
+    "draft_batches",
+    "tables_for",
+]

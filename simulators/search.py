@@ -1,0 +1,312 @@
+r"""Choosing the draft tree under a node budget: :func:`search_shape`, :func:`sweep`,
+:func:`delayed_grid` and :func:`candidate_shapes`.
+
+Three methods, all returning a :class:`SearchResult` (the best shape or policy with its
+estimate, and every candidate evaluated):
+
+* ``"verifier"``: verifier-aware. Every static shape the scheme is exact for with at most
+  ``budget`` drafted nodes (:func:`candidate_shapes`: chains, stars, i.i.d. paths, delayed trees,
+  branching with and without replacement, top trees) is scored by the scheme's **own**
+  Rao-Blackwellised block efficiency (or the predicted tokens/s under a
+  :class:`~specsampling.simulators.cost.CostModel`). Successive halving keeps the cost down:
+  every candidate gets ``num_trees`` trees, the best third goes on with twice as many, and so on
+  for ``rounds`` rounds; each round's candidates see the same root contexts (common random
+  numbers);
+* ``"ddtree"``: DDTree's best-first heap on the draft's probabilities
+  (:class:`~specsampling.simulators.policies.HeapTree`), for schemes exact on deterministic trees
+  (``nss``);
+* ``"opt-tree"``: OPT-Tree's layer-wise greedy
+  (:class:`~specsampling.simulators.policies.OptTree`) over its layer width.
+
+The proxies of the last two maximise the *draft's* expected accepted length; the verifier-aware
+search maximises what the verifier will actually accept, which is what DDTE's comparison
+(``shared/specs`` §6) says matters.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from specsampling.shapes import Shape
+from specsampling.validation import check_positive_int
+
+from .estimators import estimate, resolve
+from .policies import HeapTree, OptTree
+from .sources import as_generator
+from .stats import Estimate
+
+METHODS = ("verifier", "ddtree", "opt-tree")
+OBJECTIVES = ("block-efficiency", "tokens-per-second")
+#: Shape families :func:`candidate_shapes` knows.
+FAMILIES = ("chain", "star", "paths", "delayed", "branching", "top")
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """The best shape (or tree policy) found, with its estimate and every candidate.
+
+    ``value`` is the objective of the best: its block efficiency, or its predicted tokens/s.
+    ``candidates`` lists ``(shape, estimate, value)`` for every candidate in its last round,
+    best first.
+    """
+
+    shape: Any
+    estimate: Estimate
+    objective: str
+    value: float
+    candidates: tuple[tuple[Any, Estimate, float], ...]
+
+    def table(self, limit: int = 10) -> str:
+        """The best ``limit`` candidates, one per line."""
+        unit = "tokens/s" if self.objective == "tokens-per-second" else "E[tau+1]"
+        lines = [f"{'shape':<32} {unit:>10} {'E[tau+1]':>9} {'+-95%':>7} {'trees':>6}"]
+        for shape, est, value in self.candidates[:limit]:
+            lines.append(
+                f"{shape!r:<32} {value:>10.4g} {est.mean:>9.4f} {1.96 * est.stderr:>7.4f} "
+                f"{est.num_trees:>6}"
+            )
+        return "\n".join(lines)
+
+
+def _widths(budget: int, max_depth: int) -> Iterable[tuple[int, ...]]:
+    """Width tuples whose trees have at most ``budget`` drafted nodes."""
+
+    def grow(prefix: tuple[int, ...], nodes: int, layer: int) -> Iterable[tuple[int, ...]]:
+        if prefix:
+            yield prefix
+        if len(prefix) == max_depth:
+            return
+        for width in range(1, budget + 1):
+            added = layer * width
+            if nodes + added > budget:
+                break
+            yield from grow((*prefix, width), nodes + added, layer * width)
+
+    return grow((), 0, 1)
+
+
+def candidate_shapes(
+    scheme: Any,
+    budget: int,
+    families: Sequence[str] | None = None,
+    max_depth: int | None = None,
+) -> list[Shape]:
+    """Every shape of ``families`` the scheme is exact for, with 1..``budget`` drafted nodes.
+
+    Examples
+    --------
+    >>> [repr(s) for s in candidate_shapes("traversal", 3, families=("chain", "paths"))]
+    ['chain(1)', 'chain(2)', 'chain(3)']
+    >>> for shape in candidate_shapes("traversal", 4, families=("paths", "delayed")):
+    ...     print(shape)
+    paths(2, 2)
+    delayed(2, trunk=1, branch=1)
+    delayed(3, trunk=1, branch=1)
+    delayed(2, trunk=2, branch=1)
+    """
+    obj = resolve(scheme)
+    budget = check_positive_int(budget, "budget")
+    depth = budget if max_depth is None else check_positive_int(max_depth, "max_depth")
+    names = FAMILIES if families is None else tuple(families)
+    unknown = sorted(set(names) - set(FAMILIES))
+    if unknown:
+        raise ValueError(f"families: unknown {unknown}; expected some of {FAMILIES}")
+    shapes: list[Shape] = []
+    if "chain" in names:
+        shapes += [Shape.chain(n) for n in range(1, min(budget, depth) + 1)]
+    if "star" in names:
+        for k in range(2, budget + 1):
+            shapes += [Shape.star(k), Shape.star(k, replacement=False)]
+    if "paths" in names:
+        shapes += [
+            Shape.paths(k, n)
+            for k in range(2, budget + 1)
+            for n in range(2, min(depth, budget // k) + 1)
+        ]
+    if "delayed" in names:
+        shapes += [
+            Shape.delayed(k, trunk=t, branch=b)
+            for k in range(2, budget + 1)
+            for t in range(1, depth)
+            for b in range(1, depth - t + 1)
+            if t + k * b <= budget
+        ]
+    if "branching" in names:
+        for widths in _widths(budget, depth):
+            if len(widths) > 1 and max(widths) > 1:  # a star or a chain otherwise
+                shapes += [Shape.branching(widths), Shape.branching(widths, replacement=True)]
+    if "top" in names:
+        shapes += [Shape.top(widths) for widths in _widths(budget, depth)]
+    unique = list(dict.fromkeys(shapes))
+    return [s for s in unique if obj.supports(s)]
+
+
+def delayed_grid(
+    num_drafts: Iterable[int] = range(1, 5),
+    trunk: Iterable[int] = range(0, 9),
+    branch: Iterable[int] = range(0, 9),
+) -> list[Shape]:
+    """DDTE's (K, L1, L2) grid of delayed trees as shapes, duplicates merged.
+
+    ``K = 1`` or ``L2 = 0`` is the chain of ``L1 + L2`` tokens, ``L1 = 0`` is ``paths(K, L2)``,
+    the empty tree is left out.
+
+    >>> delayed_grid((1, 2), (0, 1), (1,))
+    [chain(1), chain(2), paths(2, 1), delayed(2, trunk=1, branch=1)]
+    """
+    out: list[Shape] = []
+    for k, t, b in itertools.product(num_drafts, trunk, branch):
+        if k == 1 or b == 0:
+            if t + b * (k == 1) > 0:
+                out.append(Shape.chain(t + b * (k == 1)))
+        elif t == 0:
+            out.append(Shape.paths(k, b))
+        else:
+            out.append(Shape.delayed(k, trunk=t, branch=b))
+    return list(dict.fromkeys(out))
+
+
+def sweep(
+    scheme: Any,
+    source: Any,
+    shapes: Sequence[Any],
+    num_trees: int = 256,
+    generator: Any = None,
+    *,
+    method: str = "rao-blackwell",
+    seed_per_shape: bool = True,
+    progress: bool | None = None,
+) -> list[tuple[Any, Estimate]]:
+    """Estimate ``scheme`` on every shape of ``shapes`` (each on the same root contexts)."""
+    rng = as_generator(generator)
+    seed = int(rng.integers(2**63))
+    out = []
+    for shape in shapes:
+        gen = seed if seed_per_shape else rng
+        out.append(
+            (shape, estimate(scheme, source, shape, num_trees, method, gen, progress=progress))
+        )
+    return out
+
+
+def search_shape(
+    scheme: Any,
+    source: Any,
+    budget: int = 16,
+    method: str = "verifier",
+    *,
+    objective: str = "block-efficiency",
+    cost: Any = None,
+    batch_size: int = 1,
+    num_trees: int = 256,
+    rounds: int = 3,
+    families: Sequence[str] | None = None,
+    max_depth: int | None = None,
+    generator: Any = None,
+    progress: bool | None = None,
+) -> SearchResult:
+    """The best draft tree for ``scheme`` with at most ``budget`` drafted nodes.
+
+    Parameters
+    ----------
+    scheme : str or TreeVerifier
+    source : ModelPair
+        A :class:`~specsampling.simulators.pairs.Synthetic` pair or any model pair.
+    budget : int, default 16
+        Drafted nodes per round at most (the root excluded).
+    method : {"verifier", "ddtree", "opt-tree"}
+        See the module doc.
+    objective : {"block-efficiency", "tokens-per-second"}
+        What to maximise; tokens/s needs ``cost`` (static shapes only).
+    cost : CostModel, optional
+        Forward costs for the tokens/s objective (``CostModel.measure`` on your models, or
+        ``CostModel.relative(...)``).
+    batch_size : int, default 1
+        Rows decoded together, for the cost model.
+    num_trees : int, default 256
+        Trees per candidate in the first round (doubling each round).
+    rounds : int, default 3
+        Successive-halving rounds (``1``: every candidate once).
+    families : sequence of str, optional
+        Shape families to search (default: all the scheme supports).
+    max_depth : int, optional
+        Deepest shape considered (default: ``budget``).
+    generator : None, int or numpy.random.Generator
+    progress : bool, optional
+        One line per candidate on standard error (default: when it is a terminal).
+
+    Examples
+    --------
+    >>> import specsampling as ss
+    >>> from specsampling import simulators as sim
+    >>> pair = sim.pairs.Synthetic(vocab_size=1000, seed=0)
+    >>> best = sim.search_shape("traversal", pair, budget=4, families=("chain", "paths"),
+    ...                         num_trees=64, rounds=2, generator=0)
+    >>> best.shape, best.estimate.mean > 2
+    (chain(4), True)
+    """
+    if method not in METHODS:
+        raise ValueError(f"method: expected one of {METHODS}, got {method!r}")
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective: expected one of {OBJECTIVES}, got {objective!r}")
+    if objective == "tokens-per-second" and cost is None:
+        raise ValueError("cost: the tokens-per-second objective needs a CostModel")
+    budget = check_positive_int(budget, "budget")
+    rounds = check_positive_int(rounds, "rounds")
+    check_positive_int(num_trees, "num_trees", minimum=2)
+    if method == "verifier":
+        candidates: list[Any] = candidate_shapes(scheme, budget, families, max_depth)
+        if not candidates:
+            raise ValueError(
+                f"scheme {resolve(scheme).name!r}: no shape of {families} fits budget {budget}"
+            )
+    else:
+        if objective == "tokens-per-second":
+            raise ValueError(
+                f"objective: {method!r} builds dynamic trees; the cost model prices shapes"
+            )
+        if method == "ddtree":
+            candidates = [HeapTree(budget, max_depth)]
+        else:
+            widths = sorted({1, 2, 3, 4, 6, 8, budget} & set(range(1, budget + 1)))
+            candidates = [OptTree(budget, width=w, max_depth=max_depth or 10) for w in widths]
+        resolve(scheme, candidates[0])  # refuse a scheme not exact for deterministic trees
+    rng = as_generator(generator)
+
+    def value(shape: Any, est: Estimate) -> float:
+        if objective == "block-efficiency":
+            return est.mean
+        return float(cost.tokens_per_second(max(1.0, est.mean), shape, batch_size))
+
+    trees = int(num_trees)
+    scored: list[tuple[Any, Estimate, float]] = []
+    for round_index in range(rounds):
+        seed = int(rng.integers(2**63))
+        scored = []
+        for shape in candidates:
+            est = estimate(scheme, source, shape, trees, generator=seed, progress=progress)
+            scored.append((shape, est, value(shape, est)))
+        scored.sort(key=lambda item: -item[2])
+        if round_index + 1 < rounds and len(scored) > 1:
+            candidates = [s for s, _, _ in scored[: max(1, math.ceil(len(scored) / 3))]]
+            trees *= 2
+        else:
+            break
+    best_shape, best_est, best_value = scored[0]
+    return SearchResult(best_shape, best_est, objective, best_value, tuple(scored))
+
+
+__all__ = [
+    "FAMILIES",
+    "METHODS",
+    "OBJECTIVES",
+    "SearchResult",
+    "candidate_shapes",
+    "delayed_grid",
+    "search_shape",
+    "sweep",
+]
