@@ -59,6 +59,8 @@ def __getattr__(name: str) -> Any:
     try:
         loaded = importlib.import_module(f".{module}", __name__)
     except ImportError as error:  # pragma: no cover - exercised only without torch
+        if getattr(error, "name", None) not in ("torch",):
+            raise
         raise ImportError(
             f'specsampling.simulators.{name} needs torch: pip install "specsampling[torch]"'
         ) from error

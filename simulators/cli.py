@@ -63,6 +63,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return stop.code if isinstance(stop.code, int) else 0
     try:
         rows, profiles = run(args)
+    except ImportError as err:  # pragma: no cover - exercised only without torch
+        sys.stderr.write(f"specsampling simulate: {err} (pip install 'specsampling[torch]')\n")
+        return 2
     except (ValueError, TypeError, KeyError, OSError, InvalidDistribution, UnsupportedShape) as err:
         sys.stderr.write(f"specsampling simulate: {err}\n")
         return 2

@@ -34,6 +34,7 @@ import torch
 
 import specsampling as ss
 from specsampling.errors import UnsupportedShape
+from specsampling.gpu import get_lowering
 from specsampling.gpu import verify as gpu_verify
 from specsampling.gpu.noise import Noise as BatchNoise
 from specsampling.schemes.base import KeyedCoupling, TreeVerifier
@@ -90,15 +91,30 @@ def conditional_emitted(scheme: Any, tree: ss.DraftTree, target: Any, draft: Any
     >>> bool(abs(total - 19 / 9) < 1e-12)
     True
     """
-    obj = resolve(scheme)
-    laws = getattr(obj, "verdict_nodes", None)
-    if laws is not None:
-        law = laws(tree, target, draft)
-    else:  # a user's TreeVerifier without a node law: marginalise the verdict law
-        law = {}
-        for verdict, prob in obj.verdict_law(tree, target, draft).items():
-            law[verdict.node] = law.get(verdict.node, 0) + prob
+    law = node_law(resolve(scheme), tree, target, draft)
     return sum(prob * (tree.depth(node) + 1) for node, prob in law.items())
+
+
+def node_law(scheme: TreeVerifier, tree: ss.DraftTree, target: Any, draft: Any) -> dict[int, Any]:
+    """The law of the verdict's node given ``tree``: the scheme's ``verdict_nodes``, or for a
+    verifier without one, the marginal of its ``verdict_law``."""
+    laws = getattr(scheme, "verdict_nodes", None)
+    if laws is not None:
+        law: dict[int, Any] = laws(tree, target, draft)
+        return law
+    law = {}
+    for verdict, prob in scheme.verdict_law(tree, target, draft).items():
+        law[verdict.node] = law.get(verdict.node, 0) + prob
+    return law
+
+
+def _lowering(scheme: TreeVerifier) -> Any:
+    """The torch lowering of this very scheme object, or ``None`` (a user's verifier, or a
+    scheme built with other parameters than the registered one)."""
+    try:
+        return get_lowering(scheme)
+    except (TypeError, KeyError):
+        return None
 
 
 def _values(
@@ -107,18 +123,28 @@ def _values(
     method: str,
     generator: torch.Generator,
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """Per scheme and tree ``[S, B]``: the method's values (and plain values for the ratio)."""
-    noise = BatchNoise.draw(batch.trees, generator)
-    plain = np.stack(
-        [
-            gpu_verify(s.name, batch.trees, batch.target, batch.draft, noise, validate=False)
-            .num_emitted.cpu()
-            .numpy()
-            .astype(np.float64)
-            for s in schemes
-        ]
-    )
+    """Per scheme and tree ``[S, B]``: the method's values (and plain values for the ratio,
+    when every scheme has a lowering)."""
+    lowerings = [_lowering(s) for s in schemes]
+    plain = None
+    if all(low is not None for low in lowerings):
+        noise = BatchNoise.draw(batch.trees, generator)
+        plain = np.stack(
+            [
+                gpu_verify(low, batch.trees, batch.target, batch.draft, noise, validate=False)
+                .num_emitted.cpu()
+                .numpy()
+                .astype(np.float64)
+                for low in lowerings
+            ]
+        )
     if method == "plain":
+        if plain is None:
+            missing = [s.name for s, low in zip(schemes, lowerings, strict=True) if low is None]
+            raise ValueError(
+                f"method: 'plain' verifies on the torch lowering, and {missing} has none (a "
+                "scheme object other than the registered one); use method='rao-blackwell'"
+            )
         return plain, None
     trees = batch.trees.to_trees()
     sizes = batch.trees.num_nodes.tolist()
@@ -128,7 +154,7 @@ def _values(
         [
             [
                 float(conditional_emitted(s, tree, target[b, :n], draft[b, :n]))
-                for b, (tree, n) in enumerate(zip(trees, sizes, strict=False))
+                for b, (tree, n) in enumerate(zip(trees, sizes, strict=True))
             ]
             for s in schemes
         ]
@@ -171,6 +197,7 @@ def _run(
     batch_size: int | None,
     progress: bool | None,
     on_batch: Callable[[Drafted], None] | None = None,
+    values: bool = True,
 ) -> tuple[list[TreeVerifier], np.ndarray, np.ndarray | None, Any]:
     if method not in METHODS:
         raise ValueError(f"method: expected one of {METHODS}, got {method!r}")
@@ -203,13 +230,14 @@ def _run(
     for batch in batches:
         if on_batch is not None:
             on_batch(batch)
-        values, plain = _values(objs, batch, method, torch_generator)
-        parts.append(values)
-        if plain is not None:
-            plains.append(plain)
-        bar.add(values.shape[1])
-    values = np.concatenate(parts, axis=1)
-    return objs, values, (np.concatenate(plains, axis=1) if plains else None), shape
+        if values:
+            got, plain = _values(objs, batch, method, torch_generator)
+            parts.append(got)
+            if plain is not None:
+                plains.append(plain)
+        bar.add(batch.trees.batch_size)
+    table = np.concatenate(parts, axis=1) if parts else np.zeros((len(objs), 0))
+    return objs, table, (np.concatenate(plains, axis=1) if plains else None), shape
 
 
 def _ratio(plain: np.ndarray, values: np.ndarray) -> float:
@@ -305,12 +333,12 @@ def compare(
     names = list(schemes)
     if not names:
         raise ValueError("schemes: expected at least one scheme")
-    objs, values, plain, used = _run(
-        names, source, shape, num_trees, method, generator, prefix, batch_size, progress
-    )
-    labels = [o.name for o in objs]
+    labels = [resolve(s).name for s in names]
     if len(set(labels)) != len(labels):
         raise ValueError(f"schemes: each scheme once, got {labels}")
+    _, values, plain, used = _run(
+        names, source, shape, num_trees, method, generator, prefix, batch_size, progress
+    )
     estimates = {
         label: Estimate.of(
             values[i], method, None if plain is None else _ratio(plain[i], values[i])
@@ -326,4 +354,12 @@ def compare(
     return Comparison(estimates, differences, method, int(values.shape[1]), used)
 
 
-__all__ = ["METHODS", "Comparison", "Estimate", "compare", "conditional_emitted", "estimate"]
+__all__ = [
+    "METHODS",
+    "Comparison",
+    "Estimate",
+    "compare",
+    "conditional_emitted",
+    "estimate",
+    "node_law",
+]

@@ -98,7 +98,9 @@ class Synthetic:
         The draft noise at depth ``d`` below the root context is ``divergence * (1 +
         depth_growth * d)``.
     context_length : int, default 4
-        Length of the root contexts :meth:`roots` draws; depth is counted below it.
+        Length of the root contexts :meth:`roots` draws; depth is counted below it (a prefix
+        of length ``n`` is at depth ``max(0, n - context_length)``, also when the estimators
+        are given their own ``prefix``).
     top_k, top_p : optional
         Processing applied after the temperature, to both models (:func:`specsampling.process`).
     device : torch.device or str, optional

@@ -136,7 +136,8 @@ class OptTree(_Policy):
     budget : int
         Drafted nodes per tree at most (the root excluded).
     width : int, optional
-        Nodes added per layer at most (default: ``budget``: the heap's tree, built layer-wise).
+        Nodes added per layer at most (default ``budget``: the first layer may take the whole
+        budget; smaller widths leave room for depth).
     threshold : float, default 0.0
         Stop when a layer's gain ``sum q-hat`` is below it (OPT-Tree runs with 0.5 at budget 60).
     max_depth : int, default 10

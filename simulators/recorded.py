@@ -13,14 +13,17 @@ node and model: about 1.2 MB per node at ``V = 151,936``). An integer ``K`` (def
 per node, the ``K`` tokens of largest ``max(p, q)`` plus the node's drafted children, their
 target and draft probabilities (float64), and each model's remaining *tail mass*. Replay then
 spreads each tail uniformly over the tokens not kept. The replayed pair equals the recorded one
-on the kept tokens and moves only the tail mass; :meth:`RecordedTrees.summary` reports the mean
-and largest tail mass so a reader can judge (at T = 1 on code with ``K = 256`` it is typically
-well below 1%).
+on the kept tokens and moves only the tail mass; spreading both tails alike can only raise
+:math:`\sum \min(p, q)` on the tail, so replayed acceptance errs high, by at most the tail
+mass. :meth:`RecordedTrees.summary` reports the mean and largest tail mass, so a reader can
+judge how much was moved.
 
 **File format** (``.npz``, version :data:`VERSION`): arrays ``parents``, ``tokens`` (``[T, N]``,
 ``-1`` padded), ``num_nodes`` ``[T]``, ``expanded`` ``[T, N]`` (nodes whose draft distribution
 was computed; the draft row of any other node is never read and replays as the target row),
-``ids`` ``[T, N, K]`` (``-1`` padded; absent for full storage), ``target``, ``draft`` (``[T, N,
+``candidates`` ``[T, N, C]`` (each node's children in drafting order, repeated i.i.d. draws
+repeated, ``-1`` padded: SpecTr and the others that count draws need them), ``ids`` ``[T, N,
+K]`` (``-1`` padded; absent for full storage), ``target``, ``draft`` (``[T, N,
 K]`` or ``[T, N, V]``), ``target_tail``, ``draft_tail`` ``[T, N]``, and ``meta``: a JSON string
 with ``format`` (``"specsampling.recorded-trees"``), ``version``, ``vocab_size``, ``shape`` (as
 written in Python, :func:`specsampling.compare.parse_shape`), ``law``, ``keep``, ``scheme`` (the
@@ -86,6 +89,7 @@ class RecordedTrees:
     target_tail: np.ndarray  # [T, N]
     draft_tail: np.ndarray  # [T, N]
     ids: np.ndarray | None  # [T, N, K] int64, -1 padded; None: full storage
+    candidates: np.ndarray  # [T, N, C] int64, -1 padded: children in drafting order, repeats kept
     meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -116,6 +120,7 @@ class RecordedTrees:
             "draft": self.draft,
             "target_tail": self.target_tail,
             "draft_tail": self.draft_tail,
+            "candidates": self.candidates,
             "meta": np.array(json.dumps(self.meta)),
         }
         if self.ids is not None:
@@ -153,6 +158,7 @@ class RecordedTrees:
                 data["target_tail"],
                 data["draft_tail"],
                 ids,
+                data["candidates"],
                 meta,
             )
 
@@ -180,7 +186,11 @@ class RecordedTrees:
         tokens = np.full((count, width), PAD, dtype=np.int64)
         sizes = np.array([t.num_nodes for t in trees], dtype=np.int64)
         grown = np.zeros((count, width), dtype=bool)
+        most = max((len(c) for t in trees for c in t.candidates), default=0)
+        candidates = np.full((count, width, max(1, most)), PAD, dtype=np.int64)
         for i, tree in enumerate(trees):
+            for n, cands in enumerate(tree.candidates):
+                candidates[i, n, : len(cands)] = cands
             parents[i, 1 : tree.num_nodes] = tree.parents[1:]
             tokens[i, 1 : tree.num_nodes] = tree.tokens[1:]
             if expanded is None:
@@ -230,7 +240,19 @@ class RecordedTrees:
             "specsampling": ss.__version__,
         }
         info.update(meta or {})
-        return cls(parents, tokens, sizes, grown, target, draft, target_tail, draft_tail, ids, info)
+        return cls(
+            parents,
+            tokens,
+            sizes,
+            grown,
+            target,
+            draft,
+            target_tail,
+            draft_tail,
+            ids,
+            candidates,
+            info,
+        )
 
     @classmethod
     def from_pair(
@@ -299,10 +321,16 @@ class RecordedTrees:
         return out
 
     def tree(self, index: int) -> ss.DraftTree:
-        """The drafted tree ``index``, with the recorded law."""
+        """The drafted tree ``index`` (candidates in drafting order, repeated draws kept), with
+        the recorded law."""
         n = int(self.num_nodes[index])
-        draws = [(int(self.parents[index, k]), int(self.tokens[index, k])) for k in range(1, n)]
-        return ss.DraftTree.from_draws(draws, law=self.law)
+        cands = [tuple(int(c) for c in row if c >= 0) for row in self.candidates[index, :n]]
+        return ss.DraftTree(
+            tuple(int(x) for x in self.parents[index, :n]),
+            tuple(int(x) for x in self.tokens[index, :n]),
+            tuple(cands),
+            self.law,
+        )
 
     def batches(
         self, num_trees: int | None = None, batch_size: int | None = None
@@ -422,6 +450,11 @@ def record(
     from specsampling.gpu import hf
 
     shape = check_shape(shape)
+    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
+        raise ValueError(f"keep: expected None (full) or an integer >= 1, got {keep!r}")
+    folder = Path(path).parent
+    if not folder.is_dir():
+        raise ValueError(f"path: the folder {folder} does not exist")
     names = {}
     if isinstance(target, str):
         names["target"] = target
@@ -432,10 +465,16 @@ def record(
     if isinstance(draft, str):
         names["draft"] = draft
         draft, _ = hf.load_model(draft, dtype=dtype or torch.float32, progress=bool(progress))
-    names.setdefault("target", type(target).__name__)
-    names.setdefault("draft", type(draft).__name__)
+    for role, model in (("target", target), ("draft", draft)):
+        config = getattr(model, "config", None)
+        names.setdefault(role, getattr(config, "_name_or_path", "") or type(model).__name__)
     if scheme is None:
-        scheme = "standard" if shape.is_chain else "traversal"
+        if shape.is_chain:
+            scheme = "standard"
+        elif shape.law in (DrawLaw.IID, DrawLaw.WITHOUT):
+            scheme = "traversal"
+        else:
+            scheme = "nss"  # deterministic and own-law trees
     decoder = hf.SpeculativeDecoder(target, draft, scheme, shape)
     trees: list[ss.DraftTree] = []
     targets: list[np.ndarray] = []
@@ -461,14 +500,15 @@ def record(
             seed=seed + index,
         )
         for trace in decoder.traces:
-            tp = process(trace.target_logits.double(), temperature, top_k, top_p)
+            # Processed as the decoder processed them (its dtype), then widened to float64.
+            tp = process(trace.target_logits, temperature, top_k, top_p).double()
             vocab = tp.shape[-1]
             dp = tp.clone()
             if trace.draft_logits is not None:
                 raw = trace.draft_logits[..., :vocab]
                 mask = ~torch.isnan(raw).any(-1)
                 if bool(mask.any()):
-                    dp[mask] = process(raw[mask].double(), temperature, top_k, top_p)
+                    dp[mask] = process(raw[mask], temperature, top_k, top_p).double()
             else:
                 mask = torch.zeros(tp.shape[:2], dtype=torch.bool)
             sizes = trace.tree.num_nodes.tolist()

@@ -5,13 +5,15 @@ Three methods, all returning a :class:`SearchResult` (the best shape or policy w
 estimate, and every candidate evaluated):
 
 * ``"verifier"``: verifier-aware. Every static shape the scheme is exact for with at most
-  ``budget`` drafted nodes (:func:`candidate_shapes`: chains, stars, i.i.d. paths, delayed trees,
-  branching with and without replacement, top trees) is scored by the scheme's **own**
+  ``budget`` drafted nodes (:func:`candidate_shapes`: chains, stars, i.i.d. paths and delayed
+  trees by default; branching with and without replacement and top trees on request) is scored
+  by the scheme's **own**
   Rao-Blackwellised block efficiency (or the predicted tokens/s under a
   :class:`~specsampling.simulators.cost.CostModel`). Successive halving keeps the cost down:
   every candidate gets ``num_trees`` trees, the best third goes on with twice as many, and so on
   for ``rounds`` rounds; each round's candidates see the same root contexts (common random
-  numbers);
+  numbers), and the winner is estimated again on fresh trees (the selection's own figure is
+  biased upwards);
 * ``"ddtree"``: DDTree's best-first heap on the draft's probabilities
   (:class:`~specsampling.simulators.policies.HeapTree`), for schemes exact on deterministic trees
   (``nss``);
@@ -43,15 +45,19 @@ METHODS = ("verifier", "ddtree", "opt-tree")
 OBJECTIVES = ("block-efficiency", "tokens-per-second")
 #: Shape families :func:`candidate_shapes` knows.
 FAMILIES = ("chain", "star", "paths", "delayed", "branching", "top")
+#: What :func:`search_shape` searches by default (the others are opt-in: many candidates).
+DEFAULT_FAMILIES = ("chain", "star", "paths", "delayed")
 
 
 @dataclass(frozen=True)
 class SearchResult:
     """The best shape (or tree policy) found, with its estimate and every candidate.
 
-    ``value`` is the objective of the best: its block efficiency, or its predicted tokens/s.
-    ``candidates`` lists ``(shape, estimate, value)`` for every candidate in its last round,
-    best first.
+    ``value`` is the objective of the best: its block efficiency, or its predicted tokens/s,
+    from ``estimate``, a fresh run on new trees after the selection (the selection's own figure
+    for the winner is biased upwards). ``candidates`` lists ``(shape, estimate, value)`` for
+    every candidate evaluated, from the last round it took part in: the last round's first (the
+    winner at the head), each round best first.
     """
 
     shape: Any
@@ -105,8 +111,8 @@ def candidate_shapes(
     ...     print(shape)
     paths(2, 2)
     delayed(2, trunk=1, branch=1)
-    delayed(3, trunk=1, branch=1)
     delayed(2, trunk=2, branch=1)
+    delayed(3, trunk=1, branch=1)
     """
     obj = resolve(scheme)
     budget = check_positive_int(budget, "budget")
@@ -232,7 +238,9 @@ def search_shape(
     rounds : int, default 3
         Successive-halving rounds (``1``: every candidate once).
     families : sequence of str, optional
-        Shape families to search (default: all the scheme supports).
+        Shape families to search (default :data:`DEFAULT_FAMILIES`: chains, stars, i.i.d.
+        paths and delayed trees; add ``"branching"`` and ``"top"`` for those, whose count grows
+        fast: hundreds of width tuples at budget 16).
     max_depth : int, optional
         Deepest shape considered (default: ``budget``).
     generator : None, int or numpy.random.Generator
@@ -259,7 +267,8 @@ def search_shape(
     rounds = check_positive_int(rounds, "rounds")
     check_positive_int(num_trees, "num_trees", minimum=2)
     if method == "verifier":
-        candidates: list[Any] = candidate_shapes(scheme, budget, families, max_depth)
+        wanted = DEFAULT_FAMILIES if families is None else families
+        candidates: list[Any] = candidate_shapes(scheme, budget, wanted, max_depth)
         if not candidates:
             raise ValueError(
                 f"scheme {resolve(scheme).name!r}: no shape of {families} fits budget {budget}"
@@ -283,7 +292,7 @@ def search_shape(
         return float(cost.tokens_per_second(max(1.0, est.mean), shape, batch_size))
 
     trees = int(num_trees)
-    scored: list[tuple[Any, Estimate, float]] = []
+    evaluated: list[tuple[Any, Estimate, float]] = []  # later rounds first, then by value
     for round_index in range(rounds):
         seed = int(rng.integers(2**63))
         scored = []
@@ -291,16 +300,25 @@ def search_shape(
             est = estimate(scheme, source, shape, trees, generator=seed, progress=progress)
             scored.append((shape, est, value(shape, est)))
         scored.sort(key=lambda item: -item[2])
-        if round_index + 1 < rounds and len(scored) > 1:
-            candidates = [s for s, _, _ in scored[: max(1, math.ceil(len(scored) / 3))]]
-            trees *= 2
-        else:
+        evaluated = scored + [e for e in evaluated if e[0] not in candidates]
+        if round_index + 1 == rounds or len(scored) == 1:
             break
-    best_shape, best_est, best_value = scored[0]
-    return SearchResult(best_shape, best_est, objective, best_value, tuple(scored))
+        candidates = [s for s, _, _ in scored[: max(1, math.ceil(len(scored) / 3))]]
+        trees *= 2
+    # The winner's figures from the selection are biased upwards (the maximum of noisy
+    # estimates): it is estimated again on fresh trees, and that is what is reported.
+    best_shape = scored[0][0]
+    if len(scored) > 1:
+        fresh = int(rng.integers(2**63))
+        best_est = estimate(scheme, source, best_shape, trees, generator=fresh, progress=progress)
+    else:
+        best_est = scored[0][1]
+    best_value = value(best_shape, best_est)
+    return SearchResult(best_shape, best_est, objective, best_value, tuple(evaluated))
 
 
 __all__ = [
+    "DEFAULT_FAMILIES",
     "FAMILIES",
     "METHODS",
     "OBJECTIVES",

@@ -84,26 +84,29 @@ def draft_batches(
         shape = check_shape(shape)
     pair = check_model_pair(pair, "pair")
     size = batch_size or default_batch_size(shape, pair.vocab_size)
-    left = num_trees
-    while left > 0:
-        count = min(size, left)
-        left -= count
-        if prefix is not None:
-            roots = [tuple(int(t) for t in prefix)] * count
-        elif hasattr(pair, "roots"):
-            roots = list(pair.roots(count, generator))
-        else:
-            roots = [()] * count
+    # Roots and drafting noise come from separate streams, the roots drawn all at once: every
+    # shape (whatever its batch size) drafts after the same contexts for the same generator.
+    root_rng, noise_rng = generator.spawn(2)
+    if prefix is not None:
+        all_roots = [tuple(int(t) for t in prefix)] * num_trees
+    elif hasattr(pair, "roots"):
+        all_roots = list(pair.roots(num_trees, root_rng))
+    else:
+        all_roots = [()] * num_trees
+    for start in range(0, num_trees, size):
+        roots = all_roots[start : start + size]
+        count = len(roots)
         if not isinstance(shape, Shape):  # a tree policy drafts its own trees
             yield tables_for(pair, shape.draft_trees(pair, roots), roots)
             continue
-        noise = torch.as_tensor(generator.random((count, len(shape.steps))), dtype=torch.float64)
+        uniforms = noise_rng.random((count, len(shape.steps)))
+        noise = torch.as_tensor(uniforms, dtype=torch.float64)
         if isinstance(pair, Synthetic):
             yield _synthetic_batch(pair, shape, roots, noise)
         else:
             trees = drafting.draft(shape, pair, noise, prefix=roots)
             target, draft = [], []
-            for tree, root in zip(trees.to_trees(), roots, strict=False):
+            for tree, root in zip(trees.to_trees(), roots, strict=True):
                 t, d = tables(pair, tree, root)
                 target.append(t)
                 draft.append(d)
@@ -124,7 +127,8 @@ def tables_for(
     pair: ModelPair, trees: Sequence[ss.DraftTree], roots: Sequence[tuple[int, ...]]
 ) -> Drafted:
     """Batch hand-made (or policy-made) ``trees`` drafted after ``roots`` with their tables."""
-    batch = TreeBatch.from_trees(list(trees))
+    device = pair.device if isinstance(pair, Synthetic) else None
+    batch = TreeBatch.from_trees(list(trees), device=device)
     if isinstance(pair, Synthetic):
         root_hash = pair.hash_prefixes(list(roots))
         root_len = torch.tensor([len(r) for r in roots], dtype=torch.long, device=pair.device)

@@ -69,6 +69,10 @@ class Estimate:
         stderr = float(data.std(ddof=1) / math.sqrt(n))
         return cls(float(data.mean()), stderr, n, method, variance_ratio)
 
+    def __iter__(self) -> Any:
+        """``mean, stderr, num_trees = estimate``, as the earlier named tuple unpacked."""
+        return iter((self.mean, self.stderr, self.num_trees))
+
     def __str__(self) -> str:
         ratio = "" if self.variance_ratio is None else f", variance / {self.variance_ratio:.3g}"
         return (

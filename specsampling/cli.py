@@ -106,14 +106,14 @@ def _simulate(rest: Sequence[str]) -> int:
 class _Streamer:
     """Writes the prompt, then the text of each round's tokens as the decoder emits them.
 
-    The whole generated text is decoded again at every round and only its new characters are
-    written, so multi-token characters and tokenizer spacing come out exactly as a single
-    ``tokenizer.decode`` of the tokens would give them."""
+    The whole generated text is decoded again at every round and written up to its last space
+    (as transformers' ``TextStreamer`` holds back the last word), so multi-token characters and
+    the tokenizer's clean-up of spaces come out as one ``tokenizer.decode`` of all the tokens."""
 
     def __init__(self, tokenizer: Any, prompt: str) -> None:
         self.tokenizer, self.prompt = tokenizer, prompt
         self.tokens: list[int] = []
-        self.shown = 0
+        self.shown = ""  # the text written so far
 
     def put(self, value: Any) -> None:
         if self.prompt is not None:  # the first put is the prompt itself
@@ -123,15 +123,17 @@ class _Streamer:
             return
         self.tokens.extend(int(t) for t in value.tolist())
         text = self.tokenizer.decode(self.tokens)
-        if text.endswith("\ufffd"):  # a character cut between tokens: wait for the rest
-            return
-        sys.stdout.write(text[self.shown :])
-        sys.stdout.flush()
-        self.shown = len(text)
+        # Hold back a character cut between tokens, and the last word: decoding more tokens
+        # can still change it (tokenizer clean-up of spaces), never what comes before it.
+        cut = text.rfind(" ") if not text.endswith("\ufffd") else -1
+        if cut > len(self.shown) and text.startswith(self.shown):
+            sys.stdout.write(text[len(self.shown) : cut])
+            sys.stdout.flush()
+            self.shown = text[:cut]
 
     def end(self) -> None:
         text = self.tokenizer.decode(self.tokens)
-        sys.stdout.write(text[self.shown :])
+        sys.stdout.write(text[len(self.shown) :])  # held-back text (never rewritten)
         sys.stdout.flush()
 
 

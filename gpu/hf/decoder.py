@@ -407,12 +407,14 @@ class SpeculativeDecoder:
             streamer.put(prompt[0].cpu())
         if keys is not None:
             run.keyed = _KeyedRounds(run, self.lowering, self.keyed_plan, keys, window)
-        if max_new_tokens > 0:
-            run.prefill()
-        while run.active and max_new_tokens > 0:
-            run.round(max_new_tokens, eos)
-        if streamer is not None:
-            streamer.end()
+        try:
+            if max_new_tokens > 0:
+                run.prefill()
+            while run.active and max_new_tokens > 0:
+                run.round(max_new_tokens, eos)
+        finally:  # a consumer waiting on the streamer is released even after an error
+            if streamer is not None:
+                streamer.end()
         return run.output(prompt, pad_token_id, time.perf_counter() - started)
 
     def _check_key(self, key: Any, window: Any, batch: int) -> tuple[int, ...] | None:
