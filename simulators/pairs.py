@@ -315,8 +315,8 @@ class Synthetic:
             return (keyed.to_unit(word) * count).long().clamp_max(count - 1)
 
         def rows(tables: torch.Tensor, which: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
-            index = offset[:, None] + torch.arange(vocab, device=self.device)  # [M, V]
-            return tables[which[:, None], index].to(torch.float64)
+            windows = tables.unfold(1, vocab, 1)  # [R, V + 1, V]: every cyclic slice, a view
+            return windows[which, offset].to(torch.float64)  # [M, V]: one contiguous copy a row
 
         sharp = torch.exp(self.spread * _normal(words[4], words[5]))  # [M]
         target = sharp[:, None] * rows(

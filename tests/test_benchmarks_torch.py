@@ -131,3 +131,66 @@ def test_decode_benchmark_quick(tmp_path: Path) -> None:
     rows = table_rows(text, "configuration")
     assert len(rows) == 2 * 7
     assert all(row[-1] == "-" or row[-1].count("%") == 3 for row in rows)
+
+
+def test_simulators_benchmark_quick(tmp_path: Path) -> None:
+    """``benchmarks/simulators.py --quick``: every case a row with its four rates and ratios."""
+    output = tmp_path / "sim.md"
+    run_script("benchmarks/simulators.py", "--quick", "--output", str(output))
+    rows = table_rows(output.read_text(), "scheme")
+    assert [row[0] for row in rows] == ["standard", "traversal", "specinfer"]
+    for row in rows:
+        assert all(float(cell.rstrip("x").replace(",", "")) > 0 for cell in row[2:]), row
+
+
+@pytest.mark.slow
+def test_simulators_findings_quick(tmp_path: Path) -> None:
+    """``benchmarks/simulators_findings.py --quick`` on the synthetic parts (no recorded file)."""
+    output = tmp_path / "findings.md"
+    run_script(
+        "benchmarks/simulators_findings.py",
+        "--quick",
+        "--recorded",
+        str(tmp_path / "none.npz"),
+        "--output",
+        str(output),
+    )
+    text = output.read_text()
+    for part in ("## A.", "## B.", "## C.", "## D, E."):
+        assert part in text
+    assert "traversal - specinfer" in text
+
+
+@pytest.mark.slow
+def test_gpu_decode_script_on_cpu(tmp_path: Path) -> None:
+    """``benchmarks/gpu/decode.py --tiny`` on CPU: every pair, batch and draft a row; the
+    self-draft chain of 4 emits exactly 5 tokens a round (acceptance 1, rounds not cut short)."""
+    out = tmp_path / "gpu"
+    run_script(
+        "benchmarks/gpu/decode.py",
+        str(out),
+        "--device",
+        "cpu",
+        "--tiny",
+        "--new-tokens",
+        "10",
+        "--prompt-tokens",
+        "8",
+    )
+    rows = json.loads((out / "decode.json").read_text())
+    assert len(rows) == 2 * 3 * 2 * 2 and all(r["random_weights"] for r in rows)
+    for r in rows:
+        assert 0 <= r["verify_share"] <= 1 and r["tokens_per_second"] > 0
+        if r["draft"] == "self":
+            assert r["block_efficiency"] == pytest.approx(
+                5 if r["shape"] == "chain(4)" else 4, rel=0.25
+            )
+
+
+@pytest.mark.slow
+def test_cost_model_benchmark_quick(tmp_path: Path) -> None:
+    """``benchmarks/cost_model.py --quick``: every configuration a row with a positive ratio."""
+    output = tmp_path / "cost.md"
+    run_script("benchmarks/cost_model.py", "--quick", "--output", str(output))
+    rows = table_rows(output.read_text(), "scheme")
+    assert len(rows) == 4 and all(float(row[-1].rstrip("x")) > 0 for row in rows)
