@@ -68,13 +68,12 @@ class SearchResult:
 
     def table(self, limit: int = 10) -> str:
         """The best ``limit`` candidates, one per line."""
-        unit = "tokens/s" if self.objective == "tokens-per-second" else "E[tau+1]"
-        lines = [f"{'shape':<32} {unit:>10} {'E[tau+1]':>9} {'+-95%':>7} {'trees':>6}"]
+        speed = self.objective == "tokens-per-second"
+        head = f"{'shape':<32} {'E[tau+1]':>9} {'+-95%':>7} {'trees':>6}"
+        lines = [head + (f" {'tokens/s':>10}" if speed else "")]
         for shape, est, value in self.candidates[:limit]:
-            lines.append(
-                f"{shape!r:<32} {value:>10.4g} {est.mean:>9.4f} {1.96 * est.stderr:>7.4f} "
-                f"{est.num_trees:>6}"
-            )
+            line = f"{shape!r:<32} {est.mean:>9.4f} {1.96 * est.stderr:>7.4f} {est.num_trees:>6}"
+            lines.append(line + (f" {value:>10.4g}" if speed else ""))
         return "\n".join(lines)
 
 

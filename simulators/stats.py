@@ -100,14 +100,16 @@ class Comparison:
 
     def table(self) -> str:
         """A plain-text table: each scheme, then each paired difference."""
-        lines = [f"{'scheme':<16} {'E[tau+1]':>10} {'95% CI':>21}"]
+        labels = list(self.estimates) + [f"{a} - {b}" for a, b in self.differences]
+        width = max(16, *(len(label) for label in labels))
+        lines = [f"{'scheme':<{width}} {'E[tau+1]':>10}   {'95% CI':<20}"]
         for name, est in self.estimates.items():
             low, high = est.ci
-            lines.append(f"{name:<16} {est.mean:>10.4f} [{low:>9.4f}, {high:>9.4f}]")
+            lines.append(f"{name:<{width}} {est.mean:>10.4f}   [{low:.4f}, {high:.4f}]")
         for (a, b), est in self.differences.items():
             low, high = est.ci
             label = f"{a} - {b}"
-            lines.append(f"{label:<16} {est.mean:>+10.4f} [{low:>+9.4f}, {high:>+9.4f}]")
+            lines.append(f"{label:<{width}} {est.mean:>+10.4f}   [{low:+.4f}, {high:+.4f}]")
         return "\n".join(lines)
 
 
