@@ -111,7 +111,8 @@ class _Streamer:
     the tokenizer's clean-up of spaces come out as one ``tokenizer.decode`` of all the tokens."""
 
     def __init__(self, tokenizer: Any, prompt: str) -> None:
-        self.tokenizer, self.prompt = tokenizer, prompt
+        self.tokenizer = tokenizer
+        self.prompt: str | None = prompt  # None once written
         self.tokens: list[int] = []
         self.shown = ""  # the text written so far
 
