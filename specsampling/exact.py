@@ -5,10 +5,10 @@ A round drafts a tree with the shape's law and verifies it. Its law is
 .. math:: R(o) = \sum_{T} P(T) \sum_{(n, y):\ \mathrm{prefix}(n) \oplus y = o} V_T(n, y),
 
 summed over every draftable tree :math:`T` and the scheme's exact verdict law :math:`V_T`. A
-scheme is lossless (specs, section 0) iff, for :math:`m = \text{depth} + 1`, the round law with
-outputs shorter than :math:`m` extended by target samples equals the target joint
-:math:`\prod_i p(y_i \mid y_{<i})`; applied at every prefix this gives the law of the whole
-stream, which :func:`stream_law` computes by repeating rounds.
+scheme is lossless (``docs/notation.md``, "The lossless criterion") iff, for
+:math:`m = \text{depth} + 1`, the round law with outputs shorter than :math:`m` extended by target
+samples equals the target joint :math:`\prod_i p(y_i \mid y_{<i})`; applied at every prefix this
+gives the law of the whole stream, which :func:`stream_law` computes by repeating rounds.
 
 Everything here enumerates and is meant for small vocabularies and shapes; with ``Fraction``
 pairs the results are exact. Each entry point estimates its work first (:func:`check_work`):
@@ -218,7 +218,7 @@ def lossless_error(
 
     The emitted law is one round of ``scheme`` followed by target samples, over the next
     ``length`` tokens (default ``shape.depth + 1``, the longest round output): the lossless
-    criterion of the specs, section 0. Exactly ``0`` with ``Fraction`` pairs for an exact
+    criterion of ``docs/notation.md``. Exactly ``0`` with ``Fraction`` pairs for an exact
     scheme; about ``1e-16`` in float64.
 
     >>> import specsampling as ss

@@ -1,6 +1,6 @@
 """Drafter invariance of the keyed couplings: the structural checks of ``specsampling certify``.
 
-Two strengths (specs §C.4):
+Two strengths (Rowan, Phan, Khisti, arXiv 2506.05632, Definition 1; ``docs/schemes/gls.md``):
 
 * **strong** (``gumbel``, ``poisson``, ``gls_strong``): with a fixed key the emitted stream is
   seeded target-only decoding (:func:`~specsampling.keyed.laws.decode`), bit for bit, for every

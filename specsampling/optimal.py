@@ -1,4 +1,4 @@
-r"""The theoretical optimum of single-position multi-draft acceptance (specs, section 3.4).
+r"""The theoretical optimum of single-position multi-draft acceptance (Hu et al., arXiv 2502.18779).
 
 Drafts :math:`\bar x = (x_1..x_k)` have law :math:`Q` (i.i.d. from :math:`q`, or sequentially
 without replacement); the target token :math:`Y` has law :math:`p`. Over all couplings

@@ -28,7 +28,8 @@ def process(
     token ids. ``-inf`` logits mark banned tokens; batched rows are processed independently and
     give the same result as one row at a time.
 
-    Verification must use exactly these distributions for both models (peer bugs B1, B2, B13):
+    Verification must use exactly these distributions for both models (peers that
+    did not: huggingface/transformers#32867, #47932; vllm-project/vllm#10198):
     apply this function to target and draft logits with the same arguments where the draft is
     meant to follow the same sampling rule.
 

@@ -185,7 +185,8 @@ def verify(
 def verify_block(
     target_means: Any, draft_means: Any, std: Any, children: Any, rng: np.random.Generator
 ) -> BlockVerified:
-    r"""Block verification of a batch of drafted chains (spec §B2).
+    r"""Block verification of a batch of drafted chains (Soen et al., arXiv 2606.13426;
+    ``docs/continuous/block.md``).
 
     Parameters
     ----------
@@ -223,8 +224,8 @@ def verify_block(
 def verify_chain(
     target_means: Any, draft_means: Any, std: Any, children: Any, rng: np.random.Generator
 ) -> BlockVerified:
-    r"""Reflection-coupling verification of drafted chains (spec §B1), same shapes as
-    :func:`verify_block`.
+    r"""Reflection-coupling verification of drafted chains (De Bortoli et al., arXiv 2501.05370),
+    same shapes as :func:`verify_block`.
 
     Levels are verified in order with the reflection coupling; at the first rejection the
     reflected state is the extra state, and a fully accepted chain adds a target sample.

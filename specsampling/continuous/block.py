@@ -1,4 +1,4 @@
-r"""Block verification of a drafted chain of Gaussian kernels (Soen et al. 2026; spec §B2).
+r"""Block verification of a drafted chain of Gaussian kernels (Soen et al., arXiv 2606.13426).
 
 Algorithm. Draft :math:`\tilde Y_1, \dots, \tilde Y_L` with the draft kernels, get the target
 means at :math:`y_0, \tilde Y_1, \dots, \tilde Y_L` in one call. In the frame of parent

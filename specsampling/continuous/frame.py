@@ -1,4 +1,6 @@
-r"""The rank-1 Gaussian frame of a draft/target kernel pair (spec §0.1).
+r"""The rank-1 Gaussian frame of a draft/target kernel pair.
+
+As in Bullo et al.'s code, ``marcellobullo/tree-specdiff`` (arXiv 2609.17691).
 
 Both kernels are isotropic Gaussians with the same scale: the draft :math:`Q = N(m_d, \sigma^2 I)`
 and the target :math:`P = N(m_t, \sigma^2 I)`. They differ only along the unit vector

@@ -1,4 +1,4 @@
-r"""One-shot sampler of the super-level residual of a Gaussian mean shift (spec §0.2).
+r"""One-shot sampler of the super-level residual of a Gaussian mean shift (D-GRS, arXiv 2609.17691).
 
 In the rank-1 frame (:mod:`specsampling.continuous.frame`) the target and draft laws of the
 coordinate :math:`s` are :math:`N(\delta, 1)` and :math:`N(0, 1)`. For :math:`\lambda \ge 1` the
@@ -25,7 +25,8 @@ Numerics: :math:`R` is evaluated in log space as
 the tail (masses like :math:`e^{-10^5}` are still sampled correctly). Sampling inverts :math:`F`
 by bisection on :math:`\log R`, vectorised over rows. Rows whose mass is exactly zero
 (degenerate :math:`\delta \le 10^{-10}`, or an empty super-level set) return the threshold
-point. Paper: the D-GRS residual of Bullo et al., arXiv 2609.17691 (spec §0.2).
+point. Paper: the D-GRS residual of Bullo et al., arXiv 2609.17691
+(code: ``marcellobullo/tree-specdiff``, ``specdiff/verifiers/dgrs.py``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Coupling schemes (Gumbel, Poisson list, GLS) and the watermark read one exponential per
 (position, row, token). Here every value is a pure function of its index, so any party can
 regenerate any single value without generating the others, and nothing depends on rounds,
-draft steps, batch position or how many values were drawn before (peer bugs B3, B8, B11).
+draft steps, batch position or how many values were drawn before (peers got this wrong:
+vllm-project/vllm#54282, flashinfer-ai/flashinfer#4861, vllm-project/vllm-ascend#13608).
 
 The field is a vectorised splitmix64 hash. Each index word is absorbed in turn,
 
@@ -14,7 +15,8 @@ The field is a vectorised splitmix64 hash. Each index word is absorbed in turn,
 
 over the words ``w = (context, row, token)`` with distinct odd salts ``s``, where ``mix`` is the
 splitmix64 finaliser (a bijection of 64-bit words with full avalanche). The top 53 bits give
-``U = (h >> 11) / 2**53`` in ``[0, 1 - 2**-53]``: float64 always, never exactly one (peer bug B9).
+``U = (h >> 11) / 2**53`` in ``[0, 1 - 2**-53]``: float64 always, never exactly one
+(fp32 draws bottom out at 2^-24: vllm-project/vllm#43150).
 Exponentials are ``E = -log1p(-U)``, never ``-log(U)``: ``U = 0`` gives ``E = 0`` and the largest
 ``U`` gives the finite ``53 ln 2``.
 ``log1p`` is the field's own portable :func:`log1p` (un-fused fdlibm steps), not ``np.log1p``,
@@ -352,8 +354,9 @@ class KeyedNoise:
     when ``window`` is ``None``; otherwise the hash of its previous ``window`` tokens, falling
     back to the absolute position when that hash already named an earlier position at or after
     ``start`` (a repeated context is not watermarked, and every position still gets fresh noise;
-    specs §C.5). The context depends on the sequence alone, never on rounds or draft steps, so
-    drafter, verifier and plain decoding that reach the same sequence read the same values.
+    ``docs/watermark.md``). The context depends on the sequence alone, never on rounds or draft
+    steps, so drafter, verifier and plain decoding that reach the same sequence read the same
+    values.
 
     Parameters
     ----------

@@ -295,7 +295,7 @@ def gls_acceptance(target_probs: Any, draft_probs: Any, num_drafts: int) -> floa
 
 
 def list_matching_bound(target_probs: Any, draft_probs: Any, num_drafts: int) -> float:
-    r"""The list-matching lower bound on GLS acceptance (specs §C.4, reconstructed form).
+    r"""The list-matching lower bound on GLS acceptance (reconstructed; ``docs/schemes/gls.md``).
 
     .. math::
 

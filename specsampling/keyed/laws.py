@@ -6,7 +6,7 @@ Per position ``t`` both parties read the same keyed exponentials ``E_z``
 * **Gumbel** (Daliri, Musco, Suresh, arXiv 2408.07978): draft ``X = argmin_z E_z / q_z``,
   target ``Y = argmin_z E_z / p_z``. Each is exactly distributed as its own law (the
   exponential race), and the output is ``Y``, a function of (key, target) alone.
-* **Poisson list** (C-I in ``specs/residual-diffusion-poisson.md`` §C.3): the drafter's list is
+* **Poisson list** (derived in this project; ``docs/schemes/poisson.md``): the drafter's list is
   its ``L`` first arrivals, the ``L`` smallest ``E_z / q_z`` (Gumbel-top-L, an exact sample of
   size ``L`` from ``q`` without replacement). The target accepts iff ``Y`` is in the list; the
   output is always ``Y``, so the emitted stream equals seeded target-only decoding bit for bit.
@@ -329,7 +329,7 @@ def poisson_acceptance(
 def poisson_acceptance_bound(target_probs: Any, draft_probs: Any, list_size: int) -> float:
     """Candidate lower bound ``sum_j p_j L q_j / (L q_j + p_j)`` (the PML bound at ``L = 1``).
 
-    Not proven (§C.3); the tests hold it as an inequality only.
+    Not proven; the tests hold it as an inequality only.
 
     >>> round(poisson_acceptance_bound([0.5, 0.3, 0.2], [0.2, 0.3, 0.5], 1), 6)
     0.435714

@@ -1,6 +1,6 @@
 r"""Watermark detection for text decoded by a keyed coupling (``ss.generate(..., key=...)``).
 
-Embedding (§C.5 of ``specs/residual-diffusion-poisson.md``): the token at position ``t`` is the
+Embedding (derived in this project; ``docs/watermark.md``): the token at position ``t`` is the
 keyed race winner ``argmin_z min_k E[k, z] / p_z`` over ``rows`` rows of exponentials
 ``E[k, z] = -log1p(-U(key, c_t, k, z))``, where ``c_t`` is the absolute position
 (``window=None``) or the hash of the previous ``window`` tokens; a hashed context already used

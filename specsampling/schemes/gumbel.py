@@ -23,7 +23,8 @@ Acceptance at one position, ``r_i = (q_i p_j / q_j - p_i)_+``:
         P[\mathrm{PoissonBinomial}(1 - e^{-x r}) \le L - 1]\, dx.
 
 References: Daliri, Musco, Suresh, arXiv 2408.07978 (Gumbel coupling, drafter invariance);
-specs §C.3 (the Poisson list, derived from the Poisson functional representation).
+the Poisson list is derived in this project from the Poisson functional representation
+(``docs/schemes/poisson.md``).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class Poisson(KeyedScheme):
     """
 
     name = "poisson"
-    reference = "specs §C.3; Daliri, Musco, Suresh, arXiv 2408.07978"
+    reference = "derived in this project; Daliri, Musco, Suresh, arXiv 2408.07978"
 
     def supports(self, shape: Shape) -> bool:
         return shape.is_chain or (shape.law is DrawLaw.WITHOUT and shape.level_widths is not None)

@@ -66,11 +66,11 @@ from .base import NodeScheme, Step
 
 #: The truncation size :math:`s` used unless stated (the third-party code caps it at 15).
 DEFAULT_TRUNCATION = 5
-#: Largest accepted :math:`|\sum r - 1|` of a winner law (spec pitfall 1.8.2).
+#: Largest accepted :math:`|\sum r - 1|` of a winner law (never renormalised).
 MASS_TOLERANCE = 1e-12
 #: Most negative accepted entry of a winner law (rounding in the recomputation).
 NEGATIVE_TOLERANCE = 1e-15
-#: The LP weight used everywhere when HiGHS does not report an optimum (spec pitfall 1.8.1).
+#: The LP weight used everywhere when HiGHS does not report an optimum (``r`` recomputed from it).
 FALLBACK_WEIGHT = 0.5
 
 FloatArray = npt.NDArray[np.float64]
@@ -359,7 +359,8 @@ def _pair_plan(
 def _winner_law(
     first: FloatArray, second: FloatArray, order: IntArray, weights: FloatArray
 ) -> FloatArray:
-    """Exact winner law of the pair rule with LP weights ``weights`` (spec 1.2 step 3)."""
+    """Exact winner law of the pair rule with LP weights ``weights`` (the pair plan of
+    ``docs/schemes/khisti.md``)."""
     size = weights.shape[0]
     first_sorted, second_sorted = first[order], second[order]
     law_sorted = first_sorted * second_sorted

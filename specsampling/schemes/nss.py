@@ -84,7 +84,7 @@ def nss_expected_accepted(tree: DraftTree, target_probs: Probs) -> Any:
     .. math:: E[\tau] = \sum_{v \ne \text{root}} \prod_{u \in \text{path}(v)} p(u \mid
               \text{parent}(u)),
 
-    with ``target_probs[n]`` the target after node ``n`` (specs, section 7).
+    with ``target_probs[n]`` the target after node ``n``.
 
     >>> import numpy as np
     >>> tree = DraftTree.chain([1, 0])

@@ -1,6 +1,6 @@
 r"""OT-binned verification: ``ot_optimal`` on groups of tokens, with an accuracy knob :math:`\tau`.
 
-Derived in this project (``specs/optimal-transport-verifiers.md`` section 3). Exactly lossless for
+Derived in this project (``docs/schemes/ot_binned.md``). Exactly lossless for
 every :math:`\tau`, and within :math:`\sum_g \ell_g` of the optimum :math:`\alpha^*`.
 
 Algorithm. The plan of :mod:`~specsampling.schemes.ot_optimal` with **groups** as cells: the
@@ -12,7 +12,7 @@ Algorithm. The plan of :mod:`~specsampling.schemes.ot_optimal` with **groups** a
           \ell_g = \rho_{\max}(g)\,q_g - p_g \ \text{on } H^*.
 
 With :math:`\rho_g = p_g/q_g` the group targets are :math:`t_g = \min(\rho_g, c_G)` on
-:math:`A^*` and :math:`\max(\rho_g, d_G)` on :math:`H^*`, the levels solving (0.2) over the
+:math:`A^*` and :math:`\max(\rho_g, d_G)` on :math:`H^*`, the levels of step 2 solved over the
 groups; the split trees are built over the group cells, so the token law is
 :math:`r(y) = t_{g(y)} q(y)`. A query walks at group level and picks uniformly over the
 **draws** of the stop block; stage 2 runs against the realised law. Each group is a
@@ -24,7 +24,7 @@ exact; prefix optimality holds at group boundaries, so the profile bound holds t
 :math:`\alpha \ge \alpha^* - \sum_g \ell_g` (residual hits only add). :math:`\tau = 0` merges only
 equal ratios (the optimum); :math:`\tau = \infty` is one block per part.
 
-Reference: derived here (optimal-transport-verifiers spec, section 3).
+Reference: derived in this project (``docs/schemes/ot_binned.md``, "Reference").
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from typing import Any
 from .._types import Probs
 from .ot_optimal import OTOptimal, plan
 
-#: The default loss bound per group: a few 1e-4 of acceptance at V = 150,000 (spec section 3).
+#: The default loss bound per group: a few 1e-4 of acceptance at V = 150,000.
 DEFAULT_TAU = 1e-6
 
 
@@ -55,8 +55,7 @@ class OTBinned(OTOptimal):
 
     name = "ot_binned"
     reference = (
-        "derived in this project (specs/optimal-transport-verifiers.md, section 3): ot_optimal "
-        "on groups of tokens"
+        "derived in this project (docs/schemes/ot_binned.md): ot_optimal on groups of tokens"
     )
 
     def __init__(self, tau: Any = DEFAULT_TAU) -> None:

@@ -1,6 +1,6 @@
 r"""OT-optimal verification: the optimal selected-token law, realised exactly by split trees.
 
-Derived in this project (``specs/optimal-transport-verifiers.md`` section 2); it reaches the
+Derived in this project (``docs/schemes/ot_optimal.md``); it reaches the
 multi-draft optimum :math:`\alpha^*` of :func:`specsampling.optimal_acceptance` for i.i.d. drafts,
 exactly with ``Fraction`` inputs.
 
@@ -32,14 +32,14 @@ The plan fixes the optimal :math:`r` in closed form and a rule realising it:
 
 The per-node decision is one inverse-CDF draw over (distinct children in first-drafted order,
 then "reject") with ``noise.accept[first child]``; a reject draws from the residual with
-``noise.sample[node]`` (spec 0.5).
+``noise.sample[node]``.
 
 Theorem. Lossless on i.i.d. draft trees (canonical decomposition with the exact law of the
 implemented rule), and optimal: :math:`r` satisfies :math:`A^*`-priority with full rank and
 over-coverage of :math:`H^*`, so no hit occurs and :math:`\alpha = p(H^*) + \varphi(X^*) =
 \alpha^*`.
 
-Reference: derived here (optimal-transport-verifiers spec, section 2) on the canonical
+Reference: derived in this project (``docs/schemes/ot_optimal.md``) on the canonical
 decomposition of Khisti et al. (arXiv 2410.18234); it has the guarantees Thomas & Pal claim
 for "Partial Resolution" (NeurIPS 2025), whose algorithm was not available to this project.
 """
@@ -120,7 +120,7 @@ class Plan:
     ``cell_bounds[part]`` are the cell boundaries of a part as indices into its slice of
     ``order`` (one token per cell for ``ot_optimal``, a group for ``ot_binned``). Per support
     position (aligned with ``order``): ``support_cell`` (the cell within its part),
-    ``support_target_r`` (the closed-form law (0.2)) and ``support_realised_r`` (the exact law
+    ``support_target_r`` (the closed-form law of step 2) and ``support_realised_r`` (the exact law
     of the implemented selection rule; equal in exact arithmetic). ``support`` is the same
     tokens by ascending id and ``support_position[i]`` the index in ``order`` of
     ``support[i]`` (:meth:`position`). ``residual`` is
@@ -203,7 +203,7 @@ def plan(target: Any, draft: Any, num_drafts: int, tau: Any = None) -> Plan:
 
     Examples
     --------
-    The golden case G2 of the specification:
+    The golden case G2 (``tests/test_ot_optimal.py``):
 
     >>> from fractions import Fraction as F
     >>> node = plan([F(3, 5), F(3, 10), F(1, 10)], [F(1, 10), F(3, 10), F(3, 5)], 3)
@@ -597,7 +597,7 @@ class OTOptimal(NodeScheme):
 
     name = "ot_optimal"
     reference = (
-        "derived in this project (specs/optimal-transport-verifiers.md, section 2) on the "
+        "derived in this project (docs/schemes/ot_optimal.md) on the "
         "canonical decomposition of Khisti et al. 2025 (arXiv 2410.18234); cf. Thomas & Pal, "
         "Partial Resolution, NeurIPS 2025"
     )

@@ -30,7 +30,8 @@ confidence-aligned damping rules, so it is never below either.
 
 Reference: "ResiSpec: Enhancing Multi-Candidate Speculative Sampling via Residual Distribution
 Shaping", arXiv 2608.24411 (abstract only; its exactness condition is reported insufficient, so
-this is the sub-target template of specs/residual-diffusion-poisson.md §A.2, not the paper's rule).
+this is an exact sub-target family derived in this project, ``docs/schemes/resispec.md``, not the
+paper's rule).
 """
 
 from __future__ import annotations
@@ -100,8 +101,8 @@ class ResiSpec(NodeScheme):
 
     name = "resispec"
     reference = (
-        "ResiSpec (arXiv 2608.24411), as the exact sub-target family of "
-        "specs/residual-diffusion-poisson.md §A.2"
+        "ResiSpec (arXiv 2608.24411), as an exact sub-target family derived in this project "
+        "(docs/schemes/resispec.md)"
     )
 
     laws = frozenset({DrawLaw.IID, DrawLaw.WITHOUT})
@@ -155,7 +156,8 @@ class ResiSpec(NodeScheme):
                 # Sum m_k = 1, so m_k = q_k: the candidate is accepted surely in exact arithmetic.
                 # In float64 a drafted token whose q-mass was lost to rounding (q = 1e-21 next to
                 # 1.0) can still have m = 0: it is rejected and the stage's own t_k, a valid law
-                # inside the target's support, is the fallback (peer bug B5).
+                # inside the target's support, is the fallback (never a token with p = 0:
+                # sgl-project/sglang#35771).
                 break
             current = rest / mass
             if not replacement:

@@ -7,7 +7,7 @@ Draft law (:meth:`Shape.hub <specsampling.shapes.Shape.hub>`). With the hub
 :math:`P(a, i) = q(a)\,q(i) / (1 - q(a))`, for :math:`i \ne a`. If :math:`q = \delta_a` the node
 has the single candidate :math:`a`.
 
-Algorithm (the plan of specs §3.5). Per node, with :math:`p' = p`:
+Algorithm (the plan of SpecHub, arXiv 2411.05289). Per node, with :math:`p' = p`:
 
 1. pairs :math:`(i, a)` send :math:`m_1(i) = \min(P(i, a), p(i))` to :math:`i`;
 2. :math:`p'(i) = p(i) - m_1(i)`; pairs :math:`(a, i)` send :math:`m_2(i) = \min(P(a, i), p'(i))`
