@@ -5,7 +5,7 @@ lowering here is written for speed: one call verifies a padded batch of draft tr
 (:class:`TreeBatch`) with per-node uniforms (:class:`Noise`) and returns, for every row, the
 reference :class:`~specsampling.Verdict`. Both are tied together by *path-wise equality*: fed
 the same tree, tables and noise, the float64 lowering returns the reference verdict for every
-row (``tests/test_gpu_pathwise.py``). See ``../shared/design/TORCH.md``.
+row (``tests/test_gpu_pathwise.py``). Guide: ``docs/torch.md``.
 
 >>> import numpy as np
 >>> import specsampling as ss

@@ -328,7 +328,8 @@ def check_chain_round(
         ok = (((mass - 1).abs() <= tol) & ~(values < 0).any(-1)) | ~mask  # [B, rows]
         if not bool(ok.all()):
             raise_row_defect(name, values, mass, ok, tol)
-    if draft_probs is not None:  # a sampled draft has positive draft mass (fp16 underflow: B20)
+    # A sampled draft has positive draft mass (fp16 underflow to 0: lablup/mlxcel#992).
+    if draft_probs is not None:
         safe = torch.where(real, draft_tokens, 0)  # [B, γ]
         drafted = draft_probs.to(device).gather(2, safe[..., None]).squeeze(-1)  # [B, γ]
         impossible = real & ~(drafted > 0)  # [B, γ]
@@ -348,7 +349,7 @@ def chain_noise(
     device: torch.device | str | None = None,
 ) -> Noise:
     """Fresh float64 uniforms ``[B, γ + 1]`` (accept, then sample) -- never float32, whose
-    draws bottom out at 2^-24 (peer bug B9)."""
+    draws bottom out at 2^-24 (vllm-project/vllm#43150)."""
     where = device if generator is None else generator.device
     shape = (batch_size, gamma + 1)
     accept = torch.rand(shape, dtype=torch.float64, generator=generator, device=where)

@@ -22,8 +22,8 @@ deterministic=True, generator=None, seed=None, offset=None)``:
 * per-row randomness: ``generators`` (one :class:`torch.Generator` or ``None`` per row) draws a
   row's ``2 n_b + 1`` float64 uniforms from its own generator, so its output never depends on
   its batch position or neighbours (FlashInfer's Philox offsets are per batch position, and
-  per-row ``seed`` tensors had the ``seed[0]`` bug, peer-bugs B8); ``seed``/``offset`` are not
-  supported (a :class:`ValueError` says to use ``generators``);
+  per-row ``seed`` tensors had the ``seed[0]`` bug, flashinfer-ai/flashinfer#4861);
+  ``seed``/``offset`` are not supported (a :class:`ValueError` says to use ``generators``);
 * ``-1`` padded draft ids end a row's chain (the bonus is drawn after its last real draft;
   FlashInfer#879 read them as indices); an id ``>= V`` or ``< -1`` raises :class:`ValueError`;
 * ``draft_probs=None`` verifies point-mass drafts (n-gram / argmax) with the one-hot rule;

@@ -2,8 +2,9 @@
 
 ``accept[b, n]`` is the uniform of the accept test of the candidate held by node ``n`` of row
 ``b``; ``sample[b, n]`` the uniform of the inverse-CDF draw made at node ``n``. Both are float64
-on every device (float32 uniforms bottom out at 2^-24, peer bug B9). Lanes of padding nodes hold
-``PAD_UNIFORM`` (NaN): the walk never reads them, and a read would poison the verdict visibly.
+on every device (float32 uniforms bottom out at 2^-24: vllm-project/vllm#43150). Lanes of padding
+nodes hold ``PAD_UNIFORM`` (NaN): the walk never reads them, and a read would poison the verdict
+visibly.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ The torch counterpart of :func:`specsampling.speculate` repeated: every round, e
 
 Noise per round, all fresh float64 uniforms from ``generator``: drafting noise ``[B, S]`` (one
 per draw step) and, drawn separately, the verifier's ``accept`` / ``sample`` ``[B, 1 + S]``.
-Drafting never reads the verifier's noise (the shared-stream bug of ``peer-bugs.md``), so the
+Drafting never reads the verifier's noise (the shared-stream bug of vllm-project/vllm#54282), so the
 tree is independent of the verifier's uniforms given the context, which is exactly what each
 verifier's losslessness theorem assumes: for a scheme exact for the shape's law,
 
