@@ -1,7 +1,7 @@
-"""Mutants of the continuous schemes (issue 5) and the checks that must catch them.
+"""Mutants of the continuous schemes and the checks that must catch them.
 
-Each mutant changes one rule of ``specsampling.continuous`` that the spec names as a pitfall
-(residual-diffusion-poisson.md §B1-§B3). A check returns a p-value or a list of violations; the
+Each mutant changes one rule of ``specsampling.continuous`` that the docs name as a pitfall
+(the Pitfalls of ``docs/continuous/*.md``). A check returns a p-value or a list of violations; the
 registered scheme (the mutant's twin) must pass it and the mutant must fail it.
 
 Two of the pinned rules are coupling *contracts*, not output-law requirements: the residual
@@ -36,7 +36,8 @@ from specsampling.continuous.dgrs import DGRS, Recursion
 
 
 class DGRSScannedByRatio(DGRS):
-    """Pitfall 1: scans the children by decreasing likelihood ratio, not in drafting order."""
+    """D-GRS pitfall 1 (``docs/continuous/dgrs.md``): scans the children by decreasing likelihood
+    ratio, not in drafting order."""
 
     name = "mutant-dgrs-scanned-by-ratio"
 
@@ -45,7 +46,7 @@ class DGRSScannedByRatio(DGRS):
 
 
 class DGRSLastChildZperp(DGRS):
-    """Pitfall 2: the residual state takes the LAST child's z_perp."""
+    """D-GRS pitfall 2: the residual state takes the LAST child's z_perp."""
 
     name = "mutant-dgrs-last-child-zperp"
 
@@ -54,7 +55,8 @@ class DGRSLastChildZperp(DGRS):
 
 
 class BlockReusedDraftNoise(Block):
-    """B2: the residual reuses the drafted child's z_perp instead of fresh Gaussian noise."""
+    """Block verification: the residual reuses the drafted child's z_perp instead of fresh
+    Gaussian noise."""
 
     name = "mutant-block-reused-draft-noise"
 
@@ -72,8 +74,9 @@ class DGRSInclusive(DGRS):
 
 
 class DGRSTauBeforeDegenerateCheck(DGRS):
-    """Pitfall 3: forms tau = ln(lambda)/delta for every row and only then looks for degenerate
-    rows (those whose recursion is not finite), so a tiny nonzero delta runs the full scan."""
+    """D-GRS pitfall 3: forms tau = ln(lambda)/delta for every row and only then looks for
+    degenerate rows (those whose recursion is not finite), so a tiny nonzero delta runs the full
+    scan."""
 
     name = "mutant-dgrs-tau-before-degenerate-check"
 

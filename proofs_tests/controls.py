@@ -1,7 +1,8 @@
 """Controls: variants that look buggy but are exact, so the oracle must NOT flag them.
 
-Peer-bugs section 5.1: under accept-iff-equal (NSS) noise shared between drafting and
-verification is harmless, unlike under the ratio rule (B3, mutant ``mutant-shared-uniform``).
+Reported as bugs (ml-explore/mlx-swift-lm#459, z-lab/dflash#77) but exact: under accept-iff-equal
+(NSS) noise shared between drafting and verification is harmless, unlike under the ratio rule
+(vllm-project/vllm#54282, mutant ``mutant-shared-uniform``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ Probs = Any
 
 
 class NSSSharedUniform(NSS):
-    """NOT a bug (peer-bugs 5.1, B3 iii): NSS whose target draw at a node reuses the uniform
+    """NOT a bug (cf. vllm-project/vllm#54282): NSS whose target draw at a node reuses the uniform
     that drafted the node's child. The emitted token is still the target's inverse-CDF sample
     of a fresh uniform, so the stream is exact; the oracle must not flag it."""
 
@@ -59,7 +60,7 @@ class NSSSharedUniform(NSS):
         return [(child, descend)], stop
 
 
-#: Variants that look buggy but are exact: the oracle must pass them (peer-bugs 5.1).
+#: Variants that look buggy but are exact: the oracle must pass them.
 CONTROLS: dict[str, tuple[Any, Case]] = {
     "nss-shared-uniform": (
         NSSSharedUniform(),

@@ -5,7 +5,7 @@ decision it overrides the exact law too, so :meth:`verify`/:meth:`sample` and
 :meth:`verdict_law`/:meth:`outcomes` implement the *same* bug (``test_mutants.py`` checks that by
 sampling). Mutants are never registered in ``specsampling.SCHEMES``.
 
-Peer-bug labels (B1, B3, ...) refer to ``shared/specs/peer-bugs.md`` section 5.
+Where a peer shipped the bug, its public issue is named (``owner/repo#number``).
 """
 
 from __future__ import annotations
@@ -84,7 +84,8 @@ class _StandardMutant(Standard):
 
 class UnnormalisedResidual(_StandardMutant):
     """(a) The residual ``(p - q)_+`` is not normalised and is drawn by inverse CDF against the
-    raw uniform; an overrun falls back to the last valid id (B23, SGLang/FlashInfer)."""
+    raw uniform; an overrun falls back to the last valid id (as
+    SGLang's and FlashInfer's residual fallbacks do)."""
 
     name = "mutant-unnormalised-residual"
 
@@ -127,7 +128,8 @@ class ParentBonus(_StandardMutant):
 
 
 class InclusiveAccept(_StandardMutant):
-    """(g) Inclusive accept test ``u q(x) <= p(x)`` (B5): same law, wrong at ``u = 0``."""
+    """(g) Inclusive accept test ``u q(x) <= p(x)`` (sgl-project/sglang#35771): same law, wrong
+    at ``u = 0``."""
 
     name = "mutant-inclusive-accept"
 
@@ -136,7 +138,8 @@ class InclusiveAccept(_StandardMutant):
 
 
 class AlwaysAccept(_StandardMutant):
-    """The uniform hard-coded to 0 (B6): every token with ``p(x) > 0`` is accepted."""
+    """The uniform hard-coded to 0 (vllm-project/vllm-ascend#13730): every token with
+    ``p(x) > 0`` is accepted."""
 
     name = "mutant-always-accept"
 
@@ -149,7 +152,7 @@ class AlwaysAccept(_StandardMutant):
 
 class ArgmaxDraftsSoftmaxQ(Standard):
     """(i) Standard claiming deterministic top-1 chains: argmax drafts verified with the softmax
-    q they were not drawn from (B1, B14)."""
+    q they were not drawn from (huggingface/transformers#32867, deepseek-ai/DeepSpec#31)."""
 
     name = "mutant-argmax-drafts-softmax-q"
 
@@ -177,7 +180,7 @@ def cdf_interval(probs: Probs, token: int) -> tuple[Any, Any]:
 
 
 class SharedUniform(Standard):
-    """(h) One uniform drafts a chain token and decides its accept test (B3, vLLM #54282).
+    """(h) One uniform drafts a chain token and decides its accept test (vllm-project/vllm#54282).
 
     Given the drafted ``x``, that uniform is uniform on ``[F(x-1), F(x))`` (``F`` the draft's
     CDF), so ``P(accept | x) = |[F(x-1), F(x)) ∩ [0, p(x)/q(x))| / q(x)``.
@@ -226,7 +229,8 @@ class _TopTwoDraft:
 
 
 class TruncatedDraftRawQ(Standard):
-    """Drafts sampled from a top-2-truncated q, the verifier given the raw q (B2, B13, B14)."""
+    """Drafts sampled from a top-2-truncated q, the verifier given the raw q
+    (huggingface/transformers#47932, vllm-project/vllm#10198)."""
 
     name = "mutant-truncated-draft-raw-q"
 
@@ -362,7 +366,8 @@ class Mutant:
     sweep_vocab: int = 3
 
 
-A = ((F(1, 2), F(1, 3), F(1, 6)), (F(1, 3), F(1, 3), F(1, 3)))  # golden case A of the specs
+# Golden case A (tests/test_goldens.py).
+A = ((F(1, 2), F(1, 3), F(1, 6)), (F(1, 3), F(1, 3), F(1, 3)))
 SKEW = ((F(1, 2), F(1, 2)), (F(1, 4), F(3, 4)))
 # Worst cases of a brute-force search over weights 0..3 on three tokens (errors 0.27, 0.28).
 MIXED_WO = ((F(0), F(2, 5), F(3, 5)), (F(3, 4), F(1, 4), F(0)))
@@ -374,7 +379,8 @@ MUTANTS: dict[str, Mutant] = {
     for m in (
         Mutant(
             UnnormalisedResidual(),
-            "(a) unnormalised residual, raw-u inverse CDF with last-valid-id fallback (B23)",
+            "(a) unnormalised residual, raw-u inverse CDF,"
+            " last-valid-id fallback (SGLang, FlashInfer)",
             Case((((F(1, 2), F(1, 3), F(1, 6)), (F(1, 6), F(1, 6), F(2, 3))),), CHAIN2, "standard"),
             (CHAIN2, ss.Shape.chain(1)),
         ),
@@ -431,30 +437,33 @@ MUTANTS: dict[str, Mutant] = {
         ),
         Mutant(
             InclusiveAccept(),
-            "(g) inclusive accept test u*q <= p (B5)",
+            "(g) inclusive accept test u*q <= p (sgl-project/sglang#35771)",
             Case((((F(1), F(0)), (F(1, 2), F(1, 2))),), ss.Shape.chain(1), "standard"),
             (ss.Shape.chain(1),),
             caught_by="boundary",
         ),
         Mutant(
             SharedUniform(),
-            "(h) one uniform for drafting and the accept test (B3)",
+            "(h) one uniform for drafting and the accept test (vllm-project/vllm#54282)",
             Case((SKEW,), CHAIN2, "standard"),
             (CHAIN2, ss.Shape.chain(1)),
         ),
         Mutant(
             ArgmaxDraftsSoftmaxQ(),
-            "(i) argmax drafts verified with the softmax q (B1)",
+            "(i) argmax drafts verified with the softmax q (huggingface/transformers#32867)",
             Case((((F(1, 2), F(1, 2)), (F(3, 4), F(1, 4))),), ss.Shape.top((1, 1)), "nss"),
             (ss.Shape.top((1,)), ss.Shape.top((1, 1))),
             widens_support=True,
         ),
         Mutant(
-            AlwaysAccept(), "u hard-coded to 0 (B6)", Case((SKEW,), CHAIN2, "standard"), (CHAIN2,)
+            AlwaysAccept(),
+            "u hard-coded to 0 (vllm-project/vllm-ascend#13730)",
+            Case((SKEW,), CHAIN2, "standard"),
+            (CHAIN2,),
         ),
         Mutant(
             TruncatedDraftRawQ(),
-            "drafts from top-2-truncated q, raw q reported (B2)",
+            "drafts from top-2-truncated q, raw q reported (huggingface/transformers#47932)",
             Case((A,), CHAIN2, "standard"),
             (CHAIN2,),
         ),

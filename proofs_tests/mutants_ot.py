@@ -1,4 +1,4 @@
-"""Mutants of the optimal-transport verifiers (spec ``optimal-transport-verifiers.md`` section 7).
+"""Mutants of the optimal-transport verifiers (M1, M2, ...: ``docs/schemes/ot_optimal.md``).
 
 Each subclasses a registered scheme and changes one rule of its plan or selection; the sampled
 decision and the exact law share the plan, so both carry the bug. ``M8`` (no A*-priority) is

@@ -1,9 +1,9 @@
-"""Mutants of the sequence-level schemes (block and traversal verification, issue 3).
+"""Mutants of the sequence-level schemes (block and traversal verification).
 
-Each changes one rule named in the specs (``discrete-schemes.md`` sections 4, 5 and 8.2) in the
-sampled decision and in the exact law alike, and must be caught by the losslessness oracle on
-its case while the registered scheme is exact there. They join the catalogue of
-``mutants.py`` in ``test_mutants.py``.
+Each changes one rule named in the Pitfalls of ``docs/schemes/block.md`` and
+``docs/schemes/traversal.md`` in the sampled decision and in the exact law alike, and must be
+caught by the losslessness oracle on its case while the registered scheme is exact there. They
+join the catalogue of ``mutants.py`` in ``test_mutants.py``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ Probs = Any
 
 
 class BlockFirstFailure(Block):
-    """Stops at the first failed block test instead of taking the last success (B15)."""
+    """Stops at the first failed block test instead of taking the last success
+    (vllm-project/vllm-ascend#7807)."""
 
     name = "mutant-block-first-failure"
 
@@ -46,7 +47,8 @@ class BlockFirstFailure(Block):
 
 
 class BlockPlainResidual(Block):
-    """Emits from the plain ``norm((p - q)_+)`` instead of the w-weighted residual (B15)."""
+    """Emits from the plain ``norm((p - q)_+)`` instead of the w-weighted residual
+    (vllm-project/vllm-ascend#7807)."""
 
     name = "mutant-block-plain-residual"
 
@@ -128,19 +130,19 @@ SEQUENCE_MUTANTS: dict[str, Mutant] = {
     for m in (
         Mutant(
             BlockFirstFailure(),
-            "block verification stopping at the first failed test (B15)",
+            "block verification stopping at the first failed test (vllm-project/vllm-ascend#7807)",
             Case((SPIKE,), CHAIN2, "block"),
             (CHAIN2, ss.Shape.chain(3)),
         ),
         Mutant(
             BlockPlainResidual(),
-            "block verification with the plain residual (B15)",
+            "block verification with the plain residual (vllm-project/vllm-ascend#7807)",
             Case((((F(1, 6), F(1, 3), F(1, 2)), (F(0), F(3, 4), F(1, 4))),), CHAIN2, "block"),
             (CHAIN2, ss.Shape.chain(3)),
         ),
         Mutant(
             TraversalOriginalBonus(),
-            "traversal bonus from the original target (specs section 4, pitfall 1)",
+            "traversal bonus from the original target (docs/schemes/traversal.md, first pitfall)",
             Case((SPIKE,), CHAIN2, "traversal"),
             (CHAIN2, ss.Shape.paths(2, 2)),
         ),

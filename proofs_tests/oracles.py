@@ -45,7 +45,8 @@ def boundary_violations(
     Every combination of ``0.0`` and the largest float below one for the accept and sample
     uniforms is tried. Returns a description of each verdict that accepts a drafted token of
     zero target probability, emits a token of zero target probability or emits an id outside
-    ``[0, vocab_size)`` (peer bugs B5, B19, B4); empty when the scheme is sound.
+    ``[0, vocab_size)`` (sgl-project/sglang#35771, #30822; vllm-project/vllm#44744); empty when
+    the scheme is sound.
     """
     vocab = pair.vocab_size
     problems: list[str] = []
@@ -92,7 +93,8 @@ BOUNDARY_EXPONENTIALS = (0.0, float(-np.log1p(-LARGEST_UNIFORM)))
 
 def keyed_boundary_violations(scheme: Any, pair: ModelPair, shape: ss.Shape) -> list[str]:
     """Keyed couplings at the field's extremes: every drafted token has draft mass, every
-    accepted or emitted token target mass, and ids stay in range (peer bugs B5, B19, B4)."""
+    accepted or emitted token target mass, and ids stay in range (sgl-project/sglang#35771,
+    #30822; vllm-project/vllm#44744)."""
     problems: list[str] = []
     for value in BOUNDARY_EXPONENTIALS:
         tree, (node, token) = scheme.sample_keyed(pair, shape, ConstantKeyedNoise(value))

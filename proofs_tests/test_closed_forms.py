@@ -82,8 +82,8 @@ def test_specinfer_acceptance_is_the_enumerated_acceptance(case: Any) -> None:
 def specinfer_acceptance_with_original_target(target: Any, draft: Any, k: int) -> Any:
     """The WRONG variant of the SpecInfer formula: the last sum uses the original p.
 
-    Specs (discrete-schemes.md section 2a): "Use the final residual p_k in the last sum. Using
-    the original p gives errors up to 0.25."
+    The closed form must use the final residual p_k in the last sum (``docs/schemes/specinfer.md``,
+    Pitfalls); the original p gives errors up to 0.25.
     """
     target, draft = np.asarray(target), np.asarray(draft)
     current, rejected, missing = target, 1, target * 0 + 1
@@ -118,7 +118,7 @@ def test_specinfer_formula_with_the_original_target_is_wrong() -> None:
                 np.array(target, dtype=object), np.array(draft, dtype=object), k
             )
             worst = max(worst, abs(wrong - enumerated))
-    # Golden case A of the specs: p = (1/2, 1/3, 1/6), q uniform, k = 2, acceptance 8/9.
+    # Golden case A (tests/test_goldens.py): p = (1/2, 1/3, 1/6), q uniform, k = 2, acceptance 8/9.
     case_a = np.array([F(1, 2), F(1, 3), F(1, 6)], dtype=object), np.array([F(1, 3)] * 3)
     assert calculators.specinfer_acceptance(*case_a, 2) == F(8, 9)
     assert specinfer_acceptance_with_original_target(*case_a, 2) != F(8, 9)

@@ -1,6 +1,6 @@
 """Every continuous mutant is caught by a check that its registered twin passes.
 
-The mutants (``continuous_mutants.py``) are the pitfalls of residual-diffusion-poisson.md §B:
+The mutants (``continuous_mutants.py``) are the pitfalls of ``docs/continuous/*.md``:
 scanning D-GRS children by likelihood ratio, the wrong child's :math:`z_\\perp`, reused draft
 noise in block verification's residual, an inclusive accept test, forming :math:`\\tau` before
 the degenerate-:math:`\\delta` check, a rule that never accepts (passes KS, fails acceptance) and
@@ -85,7 +85,8 @@ def test_last_child_zperp_is_caught_by_the_joint_law_with_the_children() -> None
 
 
 def test_reused_draft_noise_in_the_block_residual_is_caught() -> None:
-    """B2: the residual's z_perp must be fresh, independent of the drafted child's."""
+    """Block verification: the residual's z_perp must be fresh, independent of the drafted
+    child's."""
     r, n = cm.fresh_noise_correlation(sc.SCHEMES["block"], SIZE, SEED)
     assert abs(r) * np.sqrt(n) < Z_ALPHA
     r, n = cm.fresh_noise_correlation(cm.BlockReusedDraftNoise(), SIZE, SEED)

@@ -3,9 +3,10 @@
 Proved relations only, each checked exactly with ``Fraction`` pairs and to ``1e-12`` in float64:
 
 * every scheme's single-position acceptance is at most the optimum for its own draft law
-  (every lossless verifier is a coupling, so the LP bounds it; specs §3.4): i.i.d. schemes
-  against ``optimal_acceptance(replacement=True)``, RSD against ``replacement=False``, greedy
-  and SpecHub against the LP over their own law, which they attain (specs §3.4, §3.5);
+  (every lossless verifier is a coupling, so the LP bounds it; Hu et al., arXiv 2502.18779):
+  i.i.d. schemes against ``optimal_acceptance(replacement=True)``, RSD against
+  ``replacement=False``, greedy and SpecHub against the LP over their own law, which they attain
+  (``docs/schemes/greedy.md``, ``docs/schemes/spechub.md``);
 * with one draft every scheme but NSS is standard speculative sampling, the maximal coupling;
 * the without-replacement optimum is at least the i.i.d. one, and both grow with ``k``
   (``docs/optimal.md``);
@@ -18,8 +19,8 @@ The optimum for a scheme's own law is computed here independently, and exactly, 
 form :math:`\\min_H [p(H) + \\Pr(\\text{drafts} \\not\\subseteq H)]` over every token set with
 the draft sets enumerated by :meth:`Shape.enumerate`.
 
-**Not asserted: SpecTr >= SpecInfer.** No proof is known (specs §3.2 and §3.6 give closed forms
-and SpecTr's ``1 - 1/e`` bound, no comparison with SpecInfer). At one position no counterexample
+**Not asserted: SpecTr >= SpecInfer.** No proof is known (SpecTr, arXiv 2310.15141, gives closed
+forms and the ``1 - 1/e`` bound, no comparison with SpecInfer). At one position no counterexample
 was found in 20,000 random float pairs (vocabulary 2-8, k 2-6; worst ``-3e-13``, the bisection
 for :math:`\\rho^*`), but with exact inputs SpecTr falls short of SpecInfer by about ``5e-14``
 (SpecTr's bisection keeps the feasible side), and on trees it is genuinely below:

@@ -116,7 +116,8 @@ def test_stream_law_over_two_rounds_is_the_target_joint(name: str, data: st.Data
 def test_boundary_noise_never_accepts_or_emits_impossible_tokens(
     name: str, data: st.DataObject
 ) -> None:
-    """u = 0 and u = largest float below 1 (peer bugs B5, B19, B4); keyed couplings: the
+    """u = 0 and u = largest float below 1 (sgl-project/sglang#35771, #30822;
+    vllm-project/vllm#44744); keyed couplings: the
     keyed field's extreme exponentials ``0`` and ``53 ln 2``."""
     scheme = ss.SCHEMES[name]
     exact = scheme.rational and data.draw(st.booleans(), label="exact")
@@ -190,7 +191,8 @@ def _depends_on_draft(scheme: Any) -> bool:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_draft_ratio_schemes_refuse_deterministic_top_drafts(name: str) -> None:
-    """Top-k drafts are not samples from q: a rule that reads q is not exact on them (B1)."""
+    """Top-k drafts are not samples from q: a rule that reads q is not exact on them
+    (huggingface/transformers#32867)."""
     scheme = ss.SCHEMES[name]
     if name in DOCUMENTED_RATIO_BASED:
         assert _depends_on_draft(scheme), f"{name} is documented as ratio-based"

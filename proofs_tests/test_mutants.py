@@ -125,8 +125,8 @@ def test_generic_property_finds_a_case_against_mutant(name: str, exact: bool) ->
 
 
 def test_inclusive_accept_is_invisible_to_the_law_but_fails_boundary_noise() -> None:
-    """B5: ``u = 0`` with ``p(x) = 0 < q(x)`` accepts an impossible token; the law is unchanged
-    because ``u = 0`` has probability zero."""
+    """``u = 0`` with ``p(x) = 0 < q(x)`` accepts an impossible token (sgl-project/sglang#35771);
+    the law is unchanged because ``u = 0`` has probability zero."""
     mutant = MUTANTS["mutant-inclusive-accept"]
     assert mutant.caught_by == "boundary"
     for exact in (True, False):
@@ -150,7 +150,8 @@ def test_inclusive_accept_fails_the_generic_boundary_property_in_a_search() -> N
 # --------------------------------------------------------------------------- controls
 @pytest.mark.parametrize("name", sorted(CONTROLS))
 def test_control_is_not_flagged(name: str) -> None:
-    """NSS with noise shared between drafting and the target draw stays exact (peer-bugs 5.1)."""
+    """NSS with noise shared between drafting and the target draw stays exact
+    (reported as a bug in ml-explore/mlx-swift-lm#459, z-lab/dflash#77)."""
     scheme, case = CONTROLS[name]
     assert _lossless_error(scheme, case, exact=True) == 0
     assert _lossless_error(scheme, case, exact=False) <= 1e-12
@@ -160,7 +161,8 @@ def test_control_is_not_flagged(name: str) -> None:
 
 
 def test_shared_uniform_is_harmful_only_under_the_ratio_rule() -> None:
-    """B3's two sides on one case: standard + shared uniform is biased, NSS + shared is not."""
+    """Shared drafting/verifying noise on one case (vllm-project/vllm#54282): standard + shared
+    uniform is biased, NSS + shared is not."""
     scheme, case = CONTROLS["nss-shared-uniform"]
     assert _lossless_error(scheme, case, exact=True) == 0
     assert _lossless_error(MUTANTS["mutant-shared-uniform"].scheme, case, exact=True) != 0
