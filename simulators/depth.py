@@ -9,7 +9,8 @@ For a scheme and a tree source, the profile gives, at every depth :math:`d` of t
 * the acceptance rate at that depth, :math:`P(\tau \ge d) / P(\tau \ge d - 1)`;
 * the mean total-variation-type distance :math:`\lVert p - q \rVert_1` between target and draft
   at the drafted nodes of depth :math:`d - 1` (where the depth-:math:`d` candidates were drawn):
-  DDTE's Figure 1 plots both against depth (``shared/specs`` §6).
+  DDTE's Figure 1 plots both against depth (Thomas et al., arXiv 2602.16994; see
+  ``docs/simulators.md``).
 """
 
 from __future__ import annotations

@@ -12,8 +12,9 @@ real-model trees) and each drafted tree :math:`T` contributes one value:
   from the reference scheme's node law (``verdict_nodes``, the marginal of its exact
   ``verdict_law``). By the tower rule its mean is the same :math:`E[\tau + 1]`, and by the law of
   total variance its variance is smaller by :math:`E[\mathrm{Var}(\tau + 1 \mid T)]`: it removes
-  the verification noise, keeping only the drafting noise (DDTE's estimator, ``shared/specs``
-  §6). The estimate reports the measured ratio of the two variances on the same trees.
+  the verification noise, keeping only the drafting noise (DDTE's estimator: Thomas et al.,
+  arXiv 2602.16994). The estimate reports the measured ratio of the two variances on the same
+  trees.
 
 Every :class:`Estimate` carries its mean, standard error, number of trees and a 95% normal
 confidence interval. :func:`compare` runs several schemes on the **same** drafted trees (and, for

@@ -3,8 +3,8 @@ r"""LLM-like synthetic model pairs at real vocabulary sizes: :class:`Synthetic`.
 A synthetic pair stands in for a (target, draft) pair of language models when what matters is
 the *shape* of their distributions, not their text: a Zipf-like rank profile, a context-dependent
 ranking and sharpness, a draft that is the target seen through logit noise, and a divergence that
-grows with depth in the drafted tree (the DDTE observation, ``shared/specs`` §6). Every value is a
-pure function of ``(seed, prefix)`` through the counter-based hash of
+grows with depth in the drafted tree (the observation of DDTE, Thomas et al., arXiv 2602.16994).
+Every value is a pure function of ``(seed, prefix)`` through the counter-based hash of
 :mod:`specsampling.gpu.keyed`, so a pair is reproducible on any host and any batch size.
 
 **The model.** A prefix ``c`` of length ``n`` has a 64-bit hash :math:`h(c)`, absorbed token by

@@ -9,7 +9,7 @@ sample walks down the tree while it stays inside).
 With :math:`\hat{q}(v) = \prod_{u \in \mathrm{path}(v)} q(u \mid \mathrm{parent}(u))` the
 draft's probability of a node's path, both aim at the proxy
 :math:`E(A) = \sum_{v \in A} \hat{q}(v)`, which is NSS's expected accepted length when the draft
-equals the target (``shared/specs`` §7):
+equals the target (OPT-Tree's objective, Wang et al., arXiv 2406.17276):
 
 * :class:`HeapTree` (DDTree, Ringel & Romano, arXiv 2604.12989): best-first on a heap, the
   ``budget`` prefixes of largest :math:`\hat q`. Scores never increase along a path, so the set is

@@ -22,7 +22,7 @@ estimate, and every candidate evaluated):
 
 The proxies of the last two maximise the *draft's* expected accepted length; the verifier-aware
 search maximises what the verifier will actually accept, which is what DDTE's comparison
-(``shared/specs`` §6) says matters.
+(Thomas et al., arXiv 2602.16994) says matters.
 """
 
 from __future__ import annotations

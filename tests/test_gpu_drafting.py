@@ -1,4 +1,4 @@
-"""Tensor drafting equals the reference drafting token for token (issue 10, section 3).
+"""Tensor drafting equals the reference drafting token for token (docs/torch.md).
 
 Fed the same draft distributions and the same drafting noise (one uniform per draw step), the
 batched :mod:`specsampling.gpu.drafting` must draft, for every row of a batch, exactly the tree

@@ -1,5 +1,5 @@
 """Fuzz of every registered tree lowering on float32/bf16 tables, and the chi-square of sampled
-lowered rounds against the exact round law (issue 10, section 5).
+lowered rounds against the exact round law (docs/torch.md).
 
 **Fuzz.** Tables at vocabularies up to 256k whose rows mix exact zeros, float32/bf16 denormals,
 (near) one-hot rows and draft == target rows (all-zero residuals), cast to float32 or bf16 and

@@ -1,4 +1,4 @@
-"""Path-wise equality of the greedy and SpecHub lowerings with their references (issue 10).
+"""Path-wise equality of the greedy and SpecHub lowerings with their references (docs/torch.md).
 
 Fed the same trees, tables and float64 noise, ``specsampling.gpu`` must return the reference
 verdict and emitted tokens for every row of a batch mixing every catalogue shape the scheme

@@ -1,4 +1,4 @@
-"""Path-wise equality of the torch lowering with its numpy reference (issue 10, section 5).
+"""Path-wise equality of the torch lowering with its numpy reference (docs/torch.md).
 
 Fed the same trees, tables and noise, the float64 lowering must return the reference verdict for
 every row of a batch that mixes trees of different shapes and sizes, so a row's result never

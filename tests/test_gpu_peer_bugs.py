@@ -1,10 +1,12 @@
-"""Kernel-level peer bugs on the torch lowering (issue 10 section 5; ``peer-bugs.md``).
+"""Kernel-level bugs reported against peer engines, as regressions on the torch lowering.
 
 Each regression runs on the real code and on a buggy variant (a mutant reproducing the peer's
-bug), and the same assertion must reject the variant: B7 (``-1`` padded draft ids used as
-indices), B9 (float32 uniforms bottoming out at 2^-24), B10/B11 (seeded and unseeded requests
-mixed; zero-draft requests advancing their generator), B20 (fp16/bf16 arithmetic before the
-ratio test), B21 (an index from ``num_accepted - 1`` when nothing is accepted).
+bug), and the same assertion must reject the variant: ``-1`` padded draft ids used as indices
+(flashinfer-ai/flashinfer#879), float32 uniforms bottoming out at 2^-24
+(vllm-project/vllm#43150, #37798), seeded and unseeded requests mixed and zero-draft requests
+advancing their generator (vllm-project/vllm#10863, vllm-project/vllm-ascend#13608), fp16/bf16
+arithmetic before the ratio test (lablup/mlxcel#992), an index from ``num_accepted - 1`` when
+nothing is accepted (vllm-project/vllm#50021).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def ragged(device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
     return tokens.to(device), target.double().to(device), draft.double().to(device), lengths
 
 
-# --------------------------------------------------------------------------- B7
+# ---------------------------------------------------------------------- -1 padding (flashinfer#879)
 def padded_engine_outputs(engine: C.StandardChain, honour_padding: bool) -> ssg.Verified:
     tokens, target, draft, _ = ragged()
     noise = C.chain_noise(8, 3, torch.Generator().manual_seed(1))
@@ -94,7 +96,7 @@ def test_b7_out_of_range_ids_fail_validation() -> None:
         chain_speculative_sampling(draft, bad, target)
 
 
-# --------------------------------------------------------------------------- B9
+# ----------------------------------------------------------------------- float32 noise (vllm#43150)
 def fine_resolution(noise: ssg.Noise) -> bool:
     """float64 uniforms with bits below 2^-24 (float32 draws are all multiples of 2^-24)."""
     values = torch.cat([noise.accept.reshape(-1), noise.sample.reshape(-1)])
@@ -149,7 +151,7 @@ def test_b9_explicit_uniforms_are_not_rounded() -> None:
     assert not accepts_at_the_top(Float32Tests())
 
 
-# --------------------------------------------------------------------------- B10 / B11
+# ------------------------------------------------------ seeded rows (vllm#10863, vllm-ascend#13608)
 def mixed_batch(seed: int) -> tuple:
     g = torch.Generator().manual_seed(seed)
     counts, vocab = [3, 0, 2, 3, 0, 1], 40
@@ -186,7 +188,8 @@ def test_b10_seeded_rows_reproduce_their_solo_runs_in_a_mixed_batch() -> None:
 
 def advancing_request_noise(counts: Any, width: int, generators: Any, generator: Any,
                             device: Any) -> ssg.Noise:  # fmt: skip
-    """The peer bug B11: every seeded request draws, drafts or not."""
+    """The peer bug of vllm-project/vllm-ascend#13608: every seeded request draws, drafts or
+    not."""
     for row, own in generators.items():
         if counts[row] == 0:
             torch.rand(2, dtype=torch.float64, generator=own)
@@ -219,7 +222,7 @@ def test_b11_zero_draft_requests_do_not_advance_their_generator(monkeypatch: Any
     assert not empty_round_is_invisible(advancing_request_noise, monkeypatch)
 
 
-# --------------------------------------------------------------------------- B20
+# ---------------------------------------------------------------------- half precision (mlxcel#992)
 class InputDtypeTests(C.StandardChain):
     """The peer bug: the accept test in the tables' own (fp16/bf16) precision."""
 
@@ -260,7 +263,7 @@ def test_b20_low_precision_is_upcast_before_the_ratio(dtype: torch.dtype) -> Non
         ssg.verify_chain("standard", torch.tensor([[1]]), target, underflowed)
 
 
-# --------------------------------------------------------------------------- B21
+# -------------------------------------------------------------------- nothing accepted (vllm#50021)
 class LastAcceptedIndex(C.StandardChain):
     """The peer bug: packing writes the last accepted draft at ``num_accepted - 1`` (unbounded:
     -1, the last column, when nothing is accepted)."""

@@ -1,6 +1,6 @@
 """Path-wise equality of the SpecTr and ResiSpec lowerings (every ResiSpec policy) with their
 numpy references, the duplicate-candidate uniform reuse rule, the per-row draw law, and mutants
-that the comparison must catch (issue 10, sections 3 and 5)."""
+that the comparison must catch (docs/torch.md)."""
 
 from __future__ import annotations
 
