@@ -213,7 +213,8 @@ def test_the_walk_never_synchronises() -> None:
         for method in lowering.hot_path
     ]
     assert all(lowering.hot_path for lowering in ssg.SCHEMES.values())
-    sources += [inspect.getsource(f) for f in (ops.categorical, ops.residual, ops.remove_token)]
+    shared = (ops.categorical, ops.residual, ops.remove_token, ssg.schemes.base.standard_step)
+    sources += [inspect.getsource(f) for f in shared]
     sources += [inspect.getsource(ssg.schemes.rsd.RSD.update)]
     for source in sources:
         for forbidden in (".item(", ".tolist(", "bool(", "int(", "float(", ".nonzero(", "if "):

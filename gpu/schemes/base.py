@@ -16,6 +16,7 @@ reference's rule. Rows that have stopped keep their verdict while the others go 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
@@ -50,6 +51,28 @@ class NodeStep(NamedTuple):
 
     accepted: torch.Tensor  # [B] slot index or PAD
     stop_probs: torch.Tensor  # [B, V]
+
+
+def standard_step(
+    accepts: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+    target: torch.Tensor,  # [B, V]
+    draft: torch.Tensor,  # [B, V]
+    candidate_tokens: torch.Tensor,  # [B, C] (0 in padded slots)
+    candidate_valid: torch.Tensor,  # [B, C] bool
+    accept_uniforms: torch.Tensor,  # [B, C] float64
+) -> NodeStep:
+    r"""Standard speculative sampling on candidate slot 0, for every row: accept iff
+    ``accepts(u[x], p(x), q(x))`` (:meth:`NodeLowering.accepts`: :math:`u\,q(x) < p(x)`), else
+    stop with the residual :math:`\mathrm{norm}((p - q)_+)`.
+
+    The rule of :class:`~specsampling.gpu.schemes.standard.Standard` and of the one-candidate
+    nodes of :class:`HostPlanned`, written once.
+    """
+    token = candidate_tokens[:, 0]  # [B]
+    accepted = candidate_valid[:, 0] & accepts(
+        accept_uniforms[:, 0], ops.gather_tokens(target, token), ops.gather_tokens(draft, token)
+    )  # [B]
+    return NodeStep(torch.where(accepted, 0, PAD), ops.residual(target, draft))
 
 
 class Lowering:
@@ -311,8 +334,6 @@ class HostPlanned(NodeLowering):
         accept_uniforms: torch.Tensor,  # [B, C] float64
     ) -> NodeStep:
         """A node with one candidate: standard speculative sampling on slot 0."""
-        token = candidate_tokens[:, 0]  # [B]
-        accepted = candidate_valid[:, 0] & self.accepts(
-            accept_uniforms[:, 0], ops.gather_tokens(target, token), ops.gather_tokens(draft, token)
-        )  # [B]
-        return NodeStep(torch.where(accepted, 0, PAD), ops.residual(target, draft))
+        return standard_step(
+            self.accepts, target, draft, candidate_tokens, candidate_valid, accept_uniforms
+        )

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import ops
-from ..tree import PAD
-from .base import NodeLowering, NodeStep
+from .base import NodeLowering, NodeStep, standard_step
 
 
 class Standard(NodeLowering):
@@ -27,12 +25,9 @@ class Standard(NodeLowering):
         candidate_valid: torch.Tensor,  # [B, C]
         accept_uniforms: torch.Tensor,  # [B, C]
     ) -> NodeStep:
-        token = candidate_tokens[:, 0]  # [B]
-        accepted = candidate_valid[:, 0] & self.accepts(
-            accept_uniforms[:, 0], ops.gather_tokens(target, token), ops.gather_tokens(draft, token)
-        )  # [B]
-        slot = torch.where(accepted, 0, PAD)  # [B]
-        return NodeStep(slot, ops.residual(target, draft))
+        return standard_step(
+            self.accepts, target, draft, candidate_tokens, candidate_valid, accept_uniforms
+        )
 
 
 LOWERING = Standard()
