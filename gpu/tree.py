@@ -170,3 +170,64 @@ class TreeBatch:
         """Mask of real (non-padding) nodes, ``[B, N]`` bool."""
         nodes = torch.arange(self.parents.shape[1], device=self.device)  # [N]
         return nodes[None, :] < self.num_nodes[:, None]  # [B, N]
+
+    @classmethod
+    def roots(cls, batch_size: int, device: torch.device | str | None = None) -> TreeBatch:
+        """``batch_size`` trees of the root alone (nothing drafted: plain decoding).
+
+        >>> TreeBatch.roots(2).num_nodes.tolist()
+        [1, 1]
+        """
+        pad = torch.full((batch_size, 1), PAD, dtype=torch.long, device=device)  # [B, 1]
+        return cls(
+            parents=pad,
+            tokens=pad,
+            num_nodes=torch.ones(batch_size, dtype=torch.long, device=device),
+            candidates=pad[..., None],
+            depth=torch.zeros_like(pad),
+            laws=(DrawLaw.IID,) * batch_size,
+            chains=(True,) * batch_size,
+            max_depth=0,
+        )
+
+
+def node_paths(tree: TreeBatch) -> torch.Tensor:
+    """``paths [B, N, D]``: the tokens from the root to each node (``PAD`` past its depth).
+
+    >>> tree = TreeBatch.from_trees([DraftTree((-1, 0, 1, 0), (-1, 5, 6, 7))])
+    >>> node_paths(tree)[0].tolist()
+    [[-1, -1], [5, -1], [5, 6], [7, -1]]
+    """
+    batch, num_nodes = tree.parents.shape
+    depth_max = max(tree.max_depth, 0)
+    paths = torch.full((batch, num_nodes, depth_max + 1), PAD, dtype=torch.long, device=tree.device)
+    current = torch.arange(num_nodes, device=tree.device).expand(batch, num_nodes)  # [B, N]
+    alive = tree.real_nodes()
+    for _ in range(depth_max):
+        depth = tree.depth.gather(1, current.clamp_min(0))  # [B, N]
+        here = alive & (depth > 0)
+        column = torch.where(here, depth - 1, depth_max)  # the extra column is a dump
+        paths.scatter_(2, column[..., None], tree.tokens.gather(1, current.clamp_min(0))[..., None])
+        current = torch.where(here, tree.parents.gather(1, current.clamp_min(0)), current)
+        alive = here
+    return paths[:, :, :depth_max]
+
+
+def path_nodes(tree: TreeBatch, node: torch.Tensor) -> torch.Tensor:
+    """``[B, D]``: column ``k`` holds the node of depth ``k + 1`` on the root path to
+    ``node [B]`` (``PAD`` past its depth).
+
+    >>> tree = TreeBatch.from_trees([DraftTree((-1, 0, 1, 0), (-1, 5, 6, 7))])
+    >>> path_nodes(tree, torch.tensor([2])).tolist(), path_nodes(tree, torch.tensor([3])).tolist()
+    ([[1, 2]], [[3, -1]])
+    """
+    batch = node.shape[0]
+    depth_max = tree.max_depth
+    out = torch.full((batch, depth_max + 1), PAD, dtype=torch.long, device=node.device)
+    current = node
+    for _ in range(depth_max):
+        depth = tree.depth.gather(1, current[:, None]).squeeze(1)  # [B]
+        here = depth > 0
+        out.scatter_(1, torch.where(here, depth - 1, depth_max)[:, None], current[:, None])
+        current = torch.where(here, tree.parents.gather(1, current[:, None]).squeeze(1), current)
+    return out[:, :depth_max]

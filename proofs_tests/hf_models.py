@@ -10,7 +10,8 @@ import torch
 import transformers
 
 import specsampling.gpu as ssg
-from specsampling.gpu.hf.decoder import SpeculativeDecoder
+from specsampling.gpu.hf import SpeculativeDecoder, TreeVerification
+from specsampling.gpu.schemes.base import Verified
 
 _FAMILIES = {
     "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
@@ -75,14 +76,22 @@ def left_pad(prompts: Any, pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask
 
 
-class AlwaysAccept(SpeculativeDecoder):
-    """Mutant: emits the whole drafted chain and a bonus, never testing anything."""
+class AcceptAll(TreeVerification):
+    """Mutant verification: emits the whole drafted chain and a bonus, never testing anything."""
 
-    def verify_round(self, tree: Any, target_probs: Any, draft_probs: Any, generator: Any) -> Any:
+    def verify_tables(self, tree: Any, target_probs: Any, draft_probs: Any, generator: Any) -> Any:
         depth = tree.max_depth
         rows = torch.arange(tree.batch_size)
         u = torch.rand(tree.batch_size, dtype=torch.float64, generator=generator)
         bonus = ssg.ops.categorical(target_probs[rows, depth], u)
         tokens = torch.cat([tree.tokens[:, 1:], bonus[:, None]], dim=1)
         full = torch.full_like(bonus, depth + 1)
-        return tokens, full, full - 1
+        return Verified(full - 1, bonus, tokens, full)
+
+
+class AlwaysAccept(SpeculativeDecoder):
+    """Mutant decoder: ``scheme``'s lowering behind :class:`AcceptAll`."""
+
+    def __init__(self, target: Any, draft: Any, scheme: str, shape: Any) -> None:
+        lowering = ssg.schemes.tree_lowering(ssg.schemes.get_lowering(scheme))
+        super().__init__(target, draft, AcceptAll(lowering, shape), shape)

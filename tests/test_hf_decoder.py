@@ -38,15 +38,15 @@ from proofs_tests.hf_models import (  # noqa: E402
     tiny_causal_lm,
 )
 from specsampling.errors import InvalidDistribution, UnsupportedShape  # noqa: E402
-from specsampling.gpu.hf import decoder as decoder_module  # noqa: E402
-from specsampling.gpu.hf.decoder import (  # noqa: E402
+from specsampling.gpu.hf import (  # noqa: E402
+    DecodeState,
     LayerSkipDraft,
     NGramDraft,
     SpeculativeDecoder,
-    node_paths,
 )
-from specsampling.gpu.hf.decoder import generate as hf_generate  # noqa: E402
+from specsampling.gpu.hf import generate as hf_generate  # noqa: E402
 from specsampling.gpu.schemes import TreeLowering  # noqa: E402
+from specsampling.gpu.tree import node_paths  # noqa: E402
 
 Shape = ss.Shape
 
@@ -128,7 +128,7 @@ PROMPTS = [[3, 5, 7, 9, 11], [4, 2], [8, 1, 6, 6]]
 @pytest.mark.parametrize("batch", [1, 3])
 def test_tree_logits_parity(make, dtype, atol, batch, monkeypatch):
     if batch == 3:  # compact the caches every round: holes moved away, same logits
-        monkeypatch.setattr(decoder_module._Run, "compact_slack", -(10**9))
+        monkeypatch.setattr(DecodeState, "compact_slack", -(10**9))
     target = make(0, dtype=dtype)
     draft = perturbed(target, 0.3, 2)
     checked = 0

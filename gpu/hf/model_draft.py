@@ -1,0 +1,279 @@
+"""Drafting with a model: a causal LM sharing the target's vocabulary, or the target's own first
+layers (:class:`LayerSkipDraft`).
+
+:class:`ModelDraft` keeps the draft model's cache of the committed prefix and drafts each
+round's tree **level by level**: one draft forward per depth over the nodes of the level above
+(the cache holds the committed prefix and the tree's upper levels as tentative slots), each
+with an ancestor-only mask (:class:`LevelMasks`) and ``position_ids = length + depth - 1``;
+the logits go through the state's processing, and the round's :class:`~.drafters.Draw` picks the
+children from them. After the verdict the cache keeps the drafted slots of the accepted path;
+the emitted tokens it has not cached (one or two) wait as its pending tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from specsampling.errors import InvalidDistribution
+from specsampling.shapes import Shape
+
+from ..drafting import TreeDrafter
+from ..schemes.base import Verified
+from ..tree import PAD, TreeBatch, node_paths
+from .attention import KVState, forward_kwarg
+from .drafters import Drafter, Draw, Proposal
+from .state import compact_if_sparse, forward_committed
+
+if TYPE_CHECKING:
+    from .state import DecodeState
+
+
+class LayerSkipDraft:
+    """Self-speculation: the target's embedding, the decoder layers ``layers`` (indices into
+    the target's layers, in order), its final norm and head. Its distributions are proper
+    softmaxes, so it drafts with the shape's own (sampled) law. Llama / Qwen2-style models
+    (``model.model.embed_tokens / rotary_emb / layers / norm``, ``model.lm_head``)."""
+
+    def __init__(self, target: Any, layers: Sequence[int]) -> None:
+        inner = getattr(target, "model", None)
+        needed = ("embed_tokens", "rotary_emb", "layers", "norm")
+        if inner is None or not all(hasattr(inner, a) for a in needed):
+            raise TypeError(
+                "target: LayerSkipDraft needs a Llama/Qwen2-style model (model.model.embed_tokens,"
+                " rotary_emb, layers, norm and model.lm_head)"
+            )
+        count = len(inner.layers)
+        chosen = tuple(int(i) for i in layers)
+        if (
+            not chosen
+            or any(not 0 <= i < count for i in chosen)
+            or list(chosen) != sorted(set(chosen))
+        ):
+            raise ValueError(
+                f"layers: expected increasing distinct indices in [0, {count}), got {layers!r}"
+            )
+        self.target, self.inner, self.layers = target, inner, chosen
+        self.config = target.config
+        self.layer_kwarg = forward_kwarg(inner.layers[chosen[0]])
+
+    def parameters(self):
+        return self.target.parameters()
+
+    def get_output_embeddings(self):
+        return self.target.lm_head
+
+    def forward(
+        self, input_ids, attention_mask, position_ids, cache, use_cache=True, logits_to_keep=0
+    ):
+        hidden = self.inner.embed_tokens(input_ids)
+        embeddings = self.inner.rotary_emb(hidden, position_ids=position_ids)
+        for index in self.layers:
+            hidden = self.inner.layers[index](
+                hidden,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                position_embeddings=embeddings,
+                use_cache=True,
+                **{self.layer_kwarg: cache},
+            )
+            if isinstance(hidden, tuple):
+                hidden = hidden[0]
+        hidden = self.inner.norm(hidden)
+        if logits_to_keep:
+            hidden = hidden[:, -logits_to_keep:]
+        return SimpleNamespace(logits=self.target.lm_head(hidden))
+
+    __call__ = forward
+
+    def __repr__(self) -> str:
+        return f"LayerSkipDraft(layers={list(self.layers)})"
+
+
+class LevelMasks:
+    """Static masks of a shape's level-by-level draft forwards: the query slots of level
+    ``d >= 1`` are the steps of ``levels[d - 1]``; ``attend[d] [F_d, T_d + F_d]`` lets each
+    attend to its ancestor steps among the earlier tentative slots and to itself, ``eye[d]``
+    to itself alone (what a padded query keeps)."""
+
+    def __init__(self, shape: Shape, device: torch.device) -> None:
+        drafter = TreeDrafter(shape, 1, device)
+        parents = drafter.parent_steps
+        slot: dict[int, int] = {}
+        self.attend: dict[int, torch.Tensor] = {}
+        self.eye: dict[int, torch.Tensor] = {}
+        for level in range(1, len(drafter.levels)):
+            steps = drafter.levels[level - 1]
+            before = len(slot)
+            for step in steps:
+                slot[step] = len(slot)
+            allowed = torch.zeros((len(steps), len(slot)), dtype=torch.bool)
+            for row, step in enumerate(steps):
+                current = step
+                while current >= 0:
+                    allowed[row, slot[current]] = True
+                    current = parents[current]
+            eye = torch.zeros_like(allowed)
+            eye[:, before:] = torch.eye(len(steps), dtype=torch.bool)
+            self.attend[level] = allowed.to(device)
+            self.eye[level] = eye.to(device)
+
+    def level(self, level: int, exists: torch.Tensor) -> torch.Tensor:
+        """``attend [B, F, T + F]`` of ``level`` for the frontier slots ``exists [B, F]``."""
+        return (self.attend[level][None] & exists[:, :, None]) | self.eye[level][None]
+
+
+class ModelDraft(Drafter):
+    """Drafts with ``model`` (a causal LM sharing the tokenizer, or a :class:`LayerSkipDraft`),
+    on its own cache, with the shape's law (see the module doc)."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.kv: KVState | None = None
+        self.masks: LevelMasks | None = None
+        self.pending = self.pending_valid = torch.empty(0)  # [B, P] uncached emitted tokens
+        self.level_paths: list[torch.Tensor] = []  # [B, F, d] per depth d of the last round
+        self.level_exists: list[torch.Tensor] = []  # [B, F]
+
+    def check(self, target: Any, verification: Any) -> None:
+        verification.check_law(None, type(self.model).__name__)
+        device, dtype = _device_dtype(target)
+        draft_device, draft_dtype = _device_dtype(self.model)
+        if draft_device != device:
+            raise ValueError(f"draft: on {draft_device}, but the target is on {device}")
+        if draft_dtype != dtype:
+            raise ValueError(f"draft: dtype {draft_dtype}, but the target's is {dtype}")
+        target_vocab, draft_vocab = vocab_size(target), vocab_size(self.model)
+        if draft_vocab < target_vocab:
+            raise ValueError(
+                f"draft: vocabulary of {draft_vocab} tokens, smaller than the target's "
+                f"{target_vocab}: the models must share the tokenizer"
+            )
+
+    def start(self, state: DecodeState) -> None:
+        self.kv = KVState(self.model, state.batch_size, "draft")
+        self.masks = None
+        self.pending, self.pending_valid = state.prompt[:, -1:], state.mask[:, -1:]  # [B, 1]
+        self.level_paths, self.level_exists = [], []
+        with state.timed("draft"):
+            forward_committed(self.kv, state.prompt[:, :-1], state.mask[:, :-1], last_only=True)
+
+    @property
+    def forwards(self) -> int:
+        return 0 if self.kv is None else self.kv.forwards
+
+    def propose(self, state: DecodeState, draw: Draw) -> Proposal:
+        kv = self.kv
+        assert kv is not None, "ModelDraft.start was not called"
+        if self.masks is None:
+            self.masks = LevelMasks(draw.shape, state.device)
+        pad_mass = torch.zeros((), dtype=torch.bool, device=state.device)
+        level_logits, level_probs, self.level_paths, self.level_exists = [], [], [], []
+        for level in range(len(draw.levels)):
+            paths, exists = draw.frontier(level)  # [B, F, level], [B, F]
+            if level == 0:
+                logits = forward_committed(kv, self.pending, self.pending_valid, last_only=True)
+            else:
+                tokens = paths[:, :, -1].clamp_min(0)  # [B, F]
+                attend = self.masks.level(level, exists)  # [B, F, T + F]
+                positions = (kv.lengths()[:, None] + level - 1).expand_as(tokens)  # [B, F]
+                logits = kv.forward(tokens, attend, positions, exists)
+            probs = state.process(logits)  # [B, F, V']
+            if probs.shape[-1] > state.vocab_size:  # a padded head: the padding must be empty
+                pad_mass = pad_mass | (probs[..., state.vocab_size :] > 0).any()
+                probs = probs[..., : state.vocab_size]
+            level_logits.append(logits)
+            level_probs.append(probs)
+            self.level_paths.append(paths)
+            self.level_exists.append(exists)
+            draw.next_level(level, probs)
+        if bool(pad_mass):  # one host synchronisation per round
+            raise InvalidDistribution(
+                f"draft: its vocabulary is padded beyond the target's {state.vocab_size} "
+                "tokens, and the padded ids get positive draft probability (they must get none)"
+            )
+        tree, drawn = draw.finish()
+        slot_of = self.node_slots(tree)  # [B, N]
+        expanded = slot_of >= 0  # [B, N]
+        values = _gather_rows(torch.cat(level_probs, dim=1), slot_of)[expanded]  # [E, V]
+        raw = None
+        if state.tracing:
+            raw = _gather_rows(torch.cat(level_logits, dim=1), slot_of).detach()
+            raw = raw.masked_fill(~expanded[..., None], float("nan"))
+        return Proposal(tree, (expanded, values), raw, drawn)
+
+    def node_slots(self, tree: TreeBatch) -> torch.Tensor:
+        """The drafted slot (flat over the levels: root, then each level's frontier) whose path
+        is each tree node's, ``[B, N]``; ``PAD`` for nodes drafting never expanded."""
+        paths = node_paths(tree)  # [B, N, D]
+        slot_of = torch.full(tree.parents.shape, PAD, dtype=torch.long, device=tree.device)
+        offset = 0
+        for depth, (slot_paths, exists) in enumerate(
+            zip(self.level_paths, self.level_exists, strict=True)
+        ):
+            same = (paths[:, :, None, :depth] == slot_paths[:, None, :, :]).all(-1)  # [B, N, F]
+            same &= (tree.depth == depth)[:, :, None] & exists[:, None, :]
+            slot = same.int().argmax(-1) + offset  # [B, N]
+            slot_of = torch.where(same.any(-1), slot, slot_of)
+            offset += slot_paths.shape[1]
+        return slot_of
+
+    def commit(self, state: DecodeState, proposal: Proposal, verified: Verified) -> None:
+        """Keep the drafted slots of the accepted path (depths ``1..D-1`` were forwarded); the
+        emitted tokens not cached yet (1 or 2) become the pending tokens."""
+        kv = self.kv
+        assert kv is not None
+        tokens = verified.tokens  # [B, D + 1]
+        accepted = verified.num_emitted - 1  # [B] accepted drafted nodes
+        slots = []
+        offset = 0
+        for depth in range(1, len(self.level_paths)):
+            paths, exists = self.level_paths[depth], self.level_exists[depth]  # [B, F, depth]
+            same = (paths == tokens[:, None, :depth]).all(-1) & exists  # [B, F]
+            use = same.any(-1) & (accepted >= depth)  # [B]
+            slots.append(torch.where(use, same.int().argmax(-1) + offset, PAD))
+            offset += paths.shape[1]
+        empty = torch.empty((tokens.shape[0], 0), dtype=torch.long, device=tokens.device)
+        kv.commit(torch.stack(slots, dim=1) if slots else empty)  # [B, D - 1]
+        cached = accepted.clamp_max(len(self.level_paths) - 1)  # [B] emitted tokens now cached
+        lanes = torch.arange(2, device=tokens.device)[None, :]  # [1, 2]: the last two emitted
+        index = accepted[:, None] - 1 + lanes  # [B, 2]
+        valid = index >= cached[:, None]  # [B, 2]
+        pending = tokens.gather(1, index.clamp_min(0))
+        if not bool(valid[:, 0].any()):  # nobody has two: one lane
+            pending, valid = pending[:, 1:], valid[:, 1:]
+        self.pending, self.pending_valid = pending, valid
+        compact_if_sparse(kv, state.compact_slack)
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        assert self.kv is not None
+        self.kv.select_rows(rows)
+        self.pending, self.pending_valid = self.pending[rows], self.pending_valid[rows]
+
+    def __repr__(self) -> str:
+        return f"ModelDraft({type(self.model).__name__})"
+
+
+def _gather_rows(table: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """``table [B, F, V]`` at ``slots [B, N]`` (``PAD`` read as slot 0) -> ``[B, N, V]``."""
+    index = slots.clamp_min(0)[..., None].expand(-1, -1, table.shape[-1])
+    return table.gather(1, index)
+
+
+def _device_dtype(model: Any) -> tuple[torch.device, torch.dtype]:
+    parameter = next(model.parameters())
+    return parameter.device, parameter.dtype
+
+
+def vocab_size(model: Any) -> int:
+    """The size of ``model``'s output head (its config's vocabulary without one)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is not None and hasattr(head, "out_features"):
+        return int(head.out_features)
+    return int(model.config.get_text_config(decoder=True).vocab_size)
+
+
+__all__ = ["LayerSkipDraft", "LevelMasks", "ModelDraft", "vocab_size"]

@@ -1,0 +1,209 @@
+"""The state of one :meth:`~specsampling.gpu.hf.SpeculativeDecoder.generate` call.
+
+:class:`DecodeState` holds every per-row value of the batch still decoding: the original row
+indices, the committed contexts and generated tokens (host lists), the target's cache
+(:class:`~specsampling.gpu.hf.attention.KVState`) and its pending token (the last emitted
+token, not cached yet), the processing settings, the generator of the call's uniforms, the
+streamer and the phase timers. Everything is set in ``__init__``. It scores a drafted tree in
+one target forward (:meth:`DecodeState.score`), commits a verdict (:meth:`DecodeState.commit`),
+drops finished rows (:meth:`DecodeState.select_rows`) and builds the output.
+
+Drafters keep their own per-row state (their cache) and the verification strategies theirs (the
+keyed rows' keys); :class:`~specsampling.gpu.hf.decoder.SpeculativeDecoder` selects rows in all
+three at once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from ..processing import process
+from ..schemes.base import Verified
+from ..tree import PAD, TreeBatch, path_nodes
+from .attention import KVState, ancestors_from_parents, causal_attend
+
+#: The decode phases timed by :meth:`DecodeState.timed` (the keys of ``times``).
+PHASES = ("draft", "target", "verify")
+
+
+class DecodeState:
+    """The batch of one ``generate`` call; rows leave it as they finish.
+
+    Parameters
+    ----------
+    target : causal LM
+        The target model.
+    prompt, mask : Tensor [B, L]
+        Left-padded prompt ids and their attention mask (``mask[:, -1]`` all true).
+    settings : tuple
+        ``(temperature, top_k, top_p)`` of :func:`specsampling.gpu.process`.
+    generator : torch.Generator
+        Every uniform of the call (drafting noise first, then the verifier's, each round).
+    vocab_size : int
+        The target's vocabulary ``V`` (a head padded beyond it is cut to it).
+    max_new_tokens : int
+        Tokens per row at most.
+    eos : frozenset of int
+        Tokens that end a row (kept in its output).
+    streamer : optional
+        ``put(tokens)`` / ``end()`` (batch 1).
+    tracing : bool
+        Keep the raw draft logits of each round (for :class:`~.decoder.RoundTrace`).
+    """
+
+    #: A cache is compacted once its committed slots exceed twice the longest row plus this.
+    compact_slack = 16
+
+    def __init__(
+        self,
+        target: Any,
+        prompt: torch.Tensor,
+        mask: torch.Tensor,
+        settings: tuple[float, int | None, float | None],
+        generator: torch.Generator,
+        vocab_size: int,
+        max_new_tokens: int,
+        eos: frozenset[int],
+        streamer: Any = None,
+        tracing: bool = False,
+    ) -> None:
+        batch = prompt.shape[0]
+        self.device = prompt.device
+        self.prompt, self.mask = prompt, mask  # [B, L] as given
+        self.settings = settings
+        self.generator = generator
+        self.vocab_size = vocab_size
+        self.max_new_tokens = max_new_tokens
+        self.eos = eos
+        self.streamer = streamer
+        #: Whether the round keeps the raw logits (``SpeculativeDecoder.traces``).
+        self.tracing = tracing
+        #: The original index of each active row.
+        self.rows = list(range(batch))
+        #: Each active row's committed tokens (prompt without padding, then generated).
+        self.contexts = [
+            [int(t) for t, m in zip(p, v, strict=True) if m]
+            for p, v in zip(prompt.tolist(), mask.tolist(), strict=True)
+        ]
+        self.prompt_lengths = [len(c) for c in self.contexts]  # [B] host, original rows
+        self.generated: list[list[int]] = [[] for _ in range(batch)]  # original rows
+        self.emitted: list[list[int]] = [[] for _ in range(batch)]  # per round, original rows
+        self.num_rounds = 0
+        self.times = dict.fromkeys(PHASES, 0.0)
+        self.target = KVState(target, batch, "target")
+        self.pending = prompt[:, -1]  # [B] the target's pending token (not cached yet)
+
+    @property
+    def batch_size(self) -> int:
+        """Active rows ``B``."""
+        return len(self.rows)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.rows)
+
+    @contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        """Add the wall time of the block to ``times[phase]``."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.times[phase] += time.perf_counter() - started
+
+    def process(self, logits: torch.Tensor) -> torch.Tensor:
+        """Processed distributions of ``logits [..., V]`` (the one processing of both models)."""
+        return process(logits, *self.settings)
+
+    # ------------------------------------------------------------------ target
+    def prefill(self) -> None:
+        """Cache the prompts but their last token (the pending one) in the target."""
+        with self.timed("target"):
+            forward_committed(self.target, self.prompt[:, :-1], self.mask[:, :-1], last_only=True)
+
+    def score(self, tree: TreeBatch) -> torch.Tensor:
+        """One target forward over ``[pending, nodes 1..N-1]``: raw logits ``[B, N, V]``."""
+        real = tree.real_nodes()  # [B, N]
+        tokens = torch.cat([self.pending[:, None], tree.tokens[:, 1:].clamp_min(0)], dim=1)
+        attend = ancestors_from_parents(tree.parents, tree.max_depth)  # [B, N, N]
+        positions = self.target.lengths()[:, None] + tree.depth.clamp_min(0)  # [B, N]
+        logits = self.target.forward(tokens, attend, positions, real)
+        return logits[..., : self.vocab_size]
+
+    # ------------------------------------------------------------------ commit
+    def commit(self, tree: TreeBatch, verified: Verified) -> list[int]:
+        """Record each row's emitted tokens (cut at ``eos`` and at ``max_new_tokens``), keep
+        the accepted path in the target's cache, make the last emitted token pending; returns
+        the active rows that go on (indices into the batch)."""
+        emitted = verified.tokens.tolist()
+        counts = verified.num_emitted.tolist()
+        keep = []
+        for b, (row_tokens, count) in enumerate(zip(emitted, counts, strict=True)):
+            original = self.rows[b]
+            room = self.max_new_tokens - len(self.generated[original])
+            taken = row_tokens[: min(count, room)]
+            stop = room <= count
+            for i, token in enumerate(taken):
+                if token in self.eos:
+                    taken, stop = taken[: i + 1], True
+                    break
+            self.generated[original].extend(taken)
+            self.emitted[original].append(len(taken))
+            self.contexts[b].extend(taken)
+            if self.streamer is not None and taken:
+                self.streamer.put(torch.tensor(taken))
+            if not stop:
+                keep.append(b)
+        self.num_rounds += 1
+        path = path_nodes(tree, verified.node)  # [B, D] node of depth k + 1 on the accepted path
+        self.target.commit(torch.cat([torch.zeros_like(verified.node[:, None]), path], dim=1))
+        accepted = verified.num_emitted - 1  # [B]
+        self.pending = verified.tokens.gather(1, accepted[:, None]).squeeze(1)  # [B]
+        return keep
+
+    def select_rows(self, keep: Sequence[int], rows: torch.Tensor) -> None:
+        """Keep the active rows ``keep`` (``rows``: the same indices as a tensor)."""
+        self.rows = [self.rows[b] for b in keep]
+        self.contexts = [self.contexts[b] for b in keep]
+        if keep:
+            self.pending = self.pending[rows]
+            self.target.select_rows(rows)
+
+    # ------------------------------------------------------------------ output
+    def sequences(self, pad_token_id: int) -> torch.Tensor:
+        """``[B, L + G]``: each prompt as given, then its generated tokens padded right."""
+        prompt = self.prompt
+        width = max((len(g) for g in self.generated), default=0)
+        new = torch.full((prompt.shape[0], width), pad_token_id, dtype=prompt.dtype)
+        for row, tokens in enumerate(self.generated):
+            if tokens:
+                new[row, : len(tokens)] = torch.tensor(tokens, dtype=prompt.dtype)
+        return torch.cat([prompt, new.to(prompt.device)], dim=1)
+
+
+def forward_committed(
+    kv: KVState, tokens: torch.Tensor, valid: torch.Tensor, last_only: bool = False
+) -> torch.Tensor | None:
+    """Forward ``tokens [B, Q]`` through ``kv`` causally among the ``valid [B, Q]`` ones and
+    commit them all (the invalid ones as holes); the logits (``None`` when ``Q = 0``)."""
+    if tokens.shape[1] == 0:
+        return None
+    positions = kv.lengths()[:, None] + (valid.long().cumsum(1) - 1).clamp_min(0)  # [B, Q]
+    logits = kv.forward(tokens.clamp_min(0), causal_attend(valid), positions, valid, last_only)
+    slots = torch.arange(tokens.shape[1], device=tokens.device).expand_as(valid)  # [B, Q]
+    kv.commit(torch.where(valid, slots, PAD))
+    return logits
+
+
+def compact_if_sparse(kv: KVState, slack: int) -> None:
+    """Compact ``kv`` once its committed slots exceed twice its longest row plus ``slack``."""
+    if kv.committed > 2 * int(kv.lengths().max()) + slack:
+        kv.compact()
+
+
+__all__ = ["PHASES", "DecodeState", "compact_if_sparse", "forward_committed"]
