@@ -67,7 +67,7 @@ from ..tree import TreeBatch
 from .attention import check_causal_lm
 from .drafters import Drafter, NGramDraft, Proposal, as_drafter
 from .model_draft import LayerSkipDraft, vocab_size
-from .state import DecodeState, compact_if_sparse
+from .state import DecodeState, check_prompt, compact_if_sparse, eos_set
 from .verification import KeyedVerification, TreeVerification, verification_for
 
 
@@ -239,11 +239,11 @@ class SpeculativeDecoder:
         """
         started = time.perf_counter()
         device = next(self.target.parameters()).device
-        prompt, mask = _check_prompt(input_ids, attention_mask, device)
+        prompt, mask = check_prompt(input_ids, attention_mask, device)
         max_new_tokens = ss.validation.check_positive_int(max_new_tokens, "max_new_tokens", 0)
         process(torch.zeros(1, 2), temperature, top_k, top_p)  # the parameters' own checks
         keys = self.verification.check_key(key, window, prompt.shape[0])
-        eos = _eos_set(eos_token_id)
+        eos = eos_set(eos_token_id)
         if pad_token_id is None:
             pad_token_id = min(eos) if eos else 0
         if streamer is not None and prompt.shape[0] != 1:
@@ -319,43 +319,6 @@ class SpeculativeDecoder:
         )
         lengths = tuple(len(g) for g in state.generated)
         return DecodeOutput(state.sequences(pad_token_id), lengths, stats)
-
-
-def _check_prompt(input_ids, attention_mask, device):
-    ids = torch.as_tensor(input_ids)
-    if ids.is_floating_point() or ids.dtype == torch.bool:
-        raise ValueError(f"input_ids: expected integer token ids, got {ids.dtype}")
-    if ids.ndim == 1:
-        ids = ids[None]
-    if ids.ndim != 2 or ids.shape[1] == 0 or ids.shape[0] == 0:
-        raise ValueError(
-            f"input_ids: expected a non-empty prompt of shape (batch, length), got "
-            f"{tuple(ids.shape)}"
-        )
-    if attention_mask is None:
-        mask = torch.ones_like(ids, dtype=torch.bool)
-    else:
-        mask = torch.as_tensor(attention_mask)
-        if mask.ndim == 1:
-            mask = mask[None]
-        if tuple(mask.shape) != tuple(ids.shape):
-            raise ValueError(
-                f"attention_mask: expected shape {tuple(ids.shape)}, got {tuple(mask.shape)}"
-            )
-        mask = mask.bool()
-    if not bool(mask[:, -1].all()):
-        raise ValueError("attention_mask: prompts must be left-padded (last column all ones)")
-    return ids.to(device=device, dtype=torch.long), mask.to(device)
-
-
-def _eos_set(eos_token_id) -> frozenset[int]:
-    if eos_token_id is None:
-        return frozenset()
-    if isinstance(eos_token_id, torch.Tensor):
-        eos_token_id = eos_token_id.flatten().tolist()
-    if isinstance(eos_token_id, int):
-        return frozenset({eos_token_id})
-    return frozenset(int(t) for t in eos_token_id)
 
 
 __all__ = [

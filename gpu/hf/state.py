@@ -206,4 +206,53 @@ def compact_if_sparse(kv: KVState, slack: int) -> None:
         kv.compact()
 
 
-__all__ = ["PHASES", "DecodeState", "compact_if_sparse", "forward_committed"]
+def check_prompt(
+    input_ids: Any, attention_mask: Any, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids [B, L] long, mask [B, L] bool)`` on ``device``, refusing what is not a non-empty
+    left-padded batch of integer ids."""
+    ids = torch.as_tensor(input_ids)
+    if ids.is_floating_point() or ids.dtype == torch.bool:
+        raise ValueError(f"input_ids: expected integer token ids, got {ids.dtype}")
+    if ids.ndim == 1:
+        ids = ids[None]
+    if ids.ndim != 2 or ids.shape[1] == 0 or ids.shape[0] == 0:
+        raise ValueError(
+            f"input_ids: expected a non-empty prompt of shape (batch, length), got "
+            f"{tuple(ids.shape)}"
+        )
+    if attention_mask is None:
+        mask = torch.ones_like(ids, dtype=torch.bool)
+    else:
+        mask = torch.as_tensor(attention_mask)
+        if mask.ndim == 1:
+            mask = mask[None]
+        if tuple(mask.shape) != tuple(ids.shape):
+            raise ValueError(
+                f"attention_mask: expected shape {tuple(ids.shape)}, got {tuple(mask.shape)}"
+            )
+        mask = mask.bool()
+    if not bool(mask[:, -1].all()):
+        raise ValueError("attention_mask: prompts must be left-padded (last column all ones)")
+    return ids.to(device=device, dtype=torch.long), mask.to(device)
+
+
+def eos_set(eos_token_id: Any) -> frozenset[int]:
+    """``eos_token_id`` (``None``, an id, a sequence or a tensor of ids) as a set."""
+    if eos_token_id is None:
+        return frozenset()
+    if isinstance(eos_token_id, torch.Tensor):
+        eos_token_id = eos_token_id.flatten().tolist()
+    if isinstance(eos_token_id, int):
+        return frozenset({eos_token_id})
+    return frozenset(int(t) for t in eos_token_id)
+
+
+__all__ = [
+    "PHASES",
+    "DecodeState",
+    "check_prompt",
+    "compact_if_sparse",
+    "eos_set",
+    "forward_committed",
+]
