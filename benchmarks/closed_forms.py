@@ -140,7 +140,7 @@ def large(vocab_size: int, num_drafts: int, repeats: int, loop_repeats: int) -> 
 
 
 def optimal_transport(vocab_size: int, num_drafts: int, repeats: int) -> list[list[str]]:
-    """The issue-3 closed forms at a large vocabulary, each as a multiple of one vectorised pass
+    """The multi-draft closed forms at a large vocabulary, each as a multiple of one vectorised pass
     (``standard_acceptance``, a sum of elementwise minima) timed in the same run."""
     target, draft = model_pair(vocab_size, seed=0)
     floor_s, _ = best_of(lambda: calculators.standard_acceptance(target, draft), repeats)

@@ -172,7 +172,7 @@ increasing in k, above the list-matching bound and below the i.i.d. optimum. Bes
 {big_table}
 
 Not covered: `poisson_acceptance` for list size L >= 2 is still the O(V^2) per-token quadrature
-(about a minute at vocab 2,000); see the report of issue 9, part 5.
+(about a minute at vocab 2,000).
 """
     report(text, args.output, RESULTS / f"keyed_sizes-{today}.md", not args.no_write)
 

@@ -26,10 +26,10 @@ rejects all k candidates; the OT query draws from its residual): the worst case 
 the same path for all.
 
 Also recorded: the split trees' sizes and heights, the acceptance gap to the optimum
-(``sum min(p, r_real)``, exact for ``ot_optimal``, a lower bound for ``ot_binned``), and the
-specification's prototype figures for comparison (numpy, same machine class): 0.013-0.045 s plan
-and at most 0.3 ms query for top-k, 0.19-0.31 s for binned at full support. Goal (issue 11):
-plan + query <= 2 ms per node for top-k <= 256.
+(``sum min(p, r_real)``, exact for ``ot_optimal``, a lower bound for ``ot_binned``), and a
+numpy prototype's figures for comparison (same machine class): 0.013-0.045 s plan and at most
+0.3 ms query for top-k, 0.19-0.31 s for binned at full support. Goal: plan + query <= 2 ms per
+node for top-k <= 256.
 """
 
 from __future__ import annotations
@@ -255,15 +255,15 @@ exactly this plan on the host (`HostPlanned`).
 
 {table([h.format(knob="k_top") for h in HEADER], rows["top"])}
 
-Prototype figures of the specification (numpy, k = 8): plan 13-45 ms for k_top = 16..1024
-(tree 17-667 nodes), query <= 0.3 ms. Goal (issue 11): plan + query <= 2 ms for k_top <= 256.
+A numpy prototype's figures (k = 8): plan 13-45 ms for k_top = 16..1024 (tree 17-667
+nodes), query <= 0.3 ms. Goal: plan + query <= 2 ms for k_top <= 256.
 
 ## `ot_binned`, full-support drafting
 
 {table([h.format(knob="tau") for h in HEADER], rows["binned"])}
 
 "optimum - sum min(p, r)" is an upper bound on the acceptance `ot_binned` loses (residual hits
-only add). Prototype figures of the specification: 0.19-0.31 s per plan at V = 150,000.
+only add). A numpy prototype's figures: 0.19-0.31 s per plan at V = 150,000.
 
 ## `khisti` (s = 5), full-support drafting
 

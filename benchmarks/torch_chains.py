@@ -223,7 +223,7 @@ its own softmax) by that; "ours / read floor" divides it by one `sum` over each 
 "ours / exp floor" by one `exp` pass over each (the normalisers: no exact verifier from logits
 can go below it).
 Median of {args.repeats} interleaved repeats after a warm-up (latency: {args.repeats * 3}).
-Goals (issue 10): HF loop / ours >= 10x, ours / read floor <= 4x.
+Goals: HF loop / ours >= 10x, ours / read floor <= 4x.
 
 ## Throughput: B = {args.batch}, γ = {args.gamma}, V = {args.vocab:,}
 

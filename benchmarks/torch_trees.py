@@ -185,7 +185,7 @@ Trees drafted by the reference from `common.SyntheticPair` (seed {args.seed}). "
 `ssg.verify(..., validate=False)` on the batch; "reference loop" is `ss.SCHEMES[name].verify`
 over the {args.batch} rows (float64, with its input checks); "read floor" is one `sum` over
 each float32 table `[B, N, V]` (the lowering reads only the rows on each walked path, so it can
-beat a full read). "lowering / reference" is the ratio of rounds per second (goal, issue 10:
+beat a full read). "lowering / reference" is the ratio of rounds per second (goal:
 >= 100x). "equal" counts rows whose float64 verdict equals the reference's (same noise).
 Median of {args.repeats} interleaved repeats after a warm-up.
 
