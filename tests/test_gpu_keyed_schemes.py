@@ -31,7 +31,8 @@ import specsampling.gpu as ssg
 from specsampling.gpu import keyed as gk
 from specsampling.gpu.generate import generate, keyed_round, row_keys
 from specsampling.gpu.schemes import gls, gumbel
-from specsampling.gpu.schemes.coupled import KeyedLowering, iid_proposal
+from specsampling.gpu.schemes.base import Descent
+from specsampling.gpu.schemes.coupled import KeyedLowering, iid_proposal, keyed_select_root
 from specsampling.keyed import KeyedNoise
 from specsampling.keyed.laws import decode, keyed_select
 
@@ -220,6 +221,56 @@ def test_strong_couplings_emit_the_target_only_decode(name: str) -> None:
                 assert got == want, (name, shape, key)
 
 
+def root_decode(name: str, pair: Any, shape: ss.Shape, noises: list, device: str) -> list:
+    """``LENGTH`` tokens per row from :func:`keyed_select_root` alone, row ``b`` after its
+    prompt ``noises[b].start * (1,)`` with its own key and window."""
+    lowering = ssg.SCHEMES[name]
+    plan = lowering.plan(shape)
+    keys = gk.as_words([noise.key for noise in noises], device)
+    sequences = [[1] * noise.start for noise in noises]
+    for _ in range(LENGTH):
+        contexts = gk.as_words([n.context(q) for n, q in zip(noises, sequences, strict=True)])
+        target = torch.from_numpy(np.stack([pair.target(tuple(q)) for q in sequences]))
+        out = keyed_select_root(lowering, plan, keys, contexts.to(device), target.to(device))
+        assert out.node.tolist() == [0] * len(noises) == (out.num_emitted - 1).tolist()
+        assert out.tokens.tolist() == [[token] for token in out.token.tolist()]
+        for sequence, token in zip(sequences, out.token.tolist(), strict=True):
+            sequence.append(token)
+    return [tuple(q[noise.start :]) for noise, q in zip(noises, sequences, strict=True)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", KEYED)
+def test_keyed_select_root_is_target_only_decoding(name: str, device: str) -> None:
+    """Position after position, the stateless root selection of every row (its own key,
+    prompt and watermark window) is the reference's keyed target-only decode."""
+    for shape in SHAPES[name][:3]:
+        rows = ss.SCHEMES[name].rows(shape)
+        assert ssg.SCHEMES[name].plan(shape).num_rows == rows
+        for pair in PAIRS:
+            for window in (None, 2):
+                starts = zip(KEYS, (0, 1, 3, 2), strict=True)  # prompt lengths
+                noises = [KeyedNoise(key, window, start) for key, start in starts]
+                got = root_decode(name, pair, shape, noises, device)
+                for noise, tokens in zip(noises, got, strict=True):
+                    prefix = (1,) * noise.start
+                    assert tokens == decode(pair, LENGTH, noise, rows=rows, prefix=prefix)
+
+
+def test_keyed_select_root_refuses_bad_input() -> None:
+    lowering = ssg.SCHEMES["gumbel"]
+    plan = lowering.plan(ss.Shape.chain(2))
+    words, probs = gk.as_words([1, 2]), torch.full((2, 4), 0.25, dtype=torch.float64)
+    with pytest.raises(TypeError, match="lowering"):
+        keyed_select_root(ssg.SCHEMES["nss"], plan, words, words, probs)
+    with pytest.raises(ValueError, match="target_probs"):
+        keyed_select_root(lowering, plan, words, words, probs[0])
+    with pytest.raises(ValueError, match=r"keys: expected shape \(2,\)"):
+        keyed_select_root(lowering, plan, words[:1], words, probs)
+    with pytest.raises(ValueError, match=r"contexts: expected shape \(2,\)"):
+        keyed_select_root(lowering, plan, words, words[None], probs)
+
+
 def test_gls_depends_on_the_drafter_tokens() -> None:
     """``gls`` is only conditionally invariant: the lowering, like the reference, changes."""
     base = ss.pairs.Random(7, seed=5)
@@ -319,7 +370,8 @@ def test_hot_path_never_synchronises() -> None:
         for name in KEYED
         for method in ssg.SCHEMES[name].hot_path
     ]
-    sources.append(inspect.getsource(iid_proposal))
+    sources += [inspect.getsource(f) for f in (iid_proposal, Descent.start, Descent.advance)]
+    sources.append(inspect.getsource(Descent.verified))
     for source in sources:
         for forbidden in (".item(", ".tolist(", "bool(", "int(", "float(", ".nonzero(", "if "):
             assert forbidden not in source.split('"""')[-1], forbidden

@@ -214,6 +214,7 @@ def test_the_walk_never_synchronises() -> None:
     ]
     assert all(lowering.hot_path for lowering in ssg.SCHEMES.values())
     shared = (ops.categorical, ops.residual, ops.remove_token, ssg.schemes.base.standard_step)
+    shared += tuple(getattr(ssg.schemes.base.Descent, m) for m in ("start", "advance", "verified"))
     sources += [inspect.getsource(f) for f in shared]
     sources += [inspect.getsource(ssg.schemes.rsd.RSD.update)]
     for source in sources:

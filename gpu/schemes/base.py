@@ -45,6 +45,56 @@ class Verified(NamedTuple):
     num_emitted: torch.Tensor  # [B]
 
 
+class Descent(NamedTuple):
+    """Every row's place in a top-down walk, one depth per step: the node reached, whether the
+    row has stopped, its stop token (``PAD`` until then) and the tokens emitted so far.
+
+    The bookkeeping of every top-down walk (:meth:`NodeLowering.walk` and the keyed
+    :meth:`KeyedLowering.walk <specsampling.gpu.schemes.coupled.KeyedLowering.walk>`), written
+    once; the walks differ only in how each node's token and descent are decided.
+    """
+
+    node: torch.Tensor  # [B]
+    done: torch.Tensor  # [B] bool
+    token: torch.Tensor  # [B]
+    emitted: torch.Tensor  # [B, max_depth + 1], written in place by advance
+
+    @classmethod
+    def start(cls, batch_size: int, max_depth: int, device: torch.device) -> Descent:
+        """Every row at the root, nothing emitted."""
+        return cls(
+            node=torch.zeros(batch_size, dtype=torch.long, device=device),
+            done=torch.zeros(batch_size, dtype=torch.bool, device=device),
+            token=torch.full((batch_size,), PAD, dtype=torch.long, device=device),
+            emitted=torch.full((batch_size, max_depth + 1), PAD, dtype=torch.long, device=device),
+        )
+
+    def advance(
+        self,
+        depth: int,
+        record: torch.Tensor,  # [B]
+        drawn: torch.Tensor,  # [B]
+        descend: torch.Tensor,  # [B] bool
+        child: torch.Tensor,  # [B]
+    ) -> Descent:
+        """Depth ``depth`` for the rows still walking: each emits ``record`` there; a row that
+        does not ``descend`` stops with ``drawn``, the others move to ``child``."""
+        live = ~self.done  # [B]
+        stops = live & ~descend  # [B]
+        self.emitted[:, depth] = torch.where(live, record, self.emitted[:, depth])
+        return Descent(
+            node=torch.where(live & descend, child, self.node),
+            done=self.done | stops,
+            token=torch.where(stops, drawn, self.token),
+            emitted=self.emitted,
+        )
+
+    def verified(self, depth: torch.Tensor) -> Verified:
+        """The verdicts, with ``depth [B, N]`` the depth of every node."""
+        rows = torch.arange(self.node.shape[0], device=self.node.device)  # [B]
+        return Verified(self.node, self.token, self.emitted, depth[rows, self.node] + 1)
+
+
 class NodeStep(NamedTuple):
     """One node decision for every row: the accepted candidate slot (``PAD``: none) and the
     distribution to stop with when no slot is accepted."""
@@ -201,17 +251,12 @@ class NodeLowering(TreeLowering):
     ) -> Verified:
         """The batched :meth:`NodeScheme.verify`, on validated inputs."""
         batch_size = batch.batch_size
-        device = batch.device
-        rows = torch.arange(batch_size, device=device)  # [B]
-        node = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B]
-        done = torch.zeros(batch_size, dtype=torch.bool, device=device)  # [B]
-        token = torch.full((batch_size,), PAD, dtype=torch.long, device=device)  # [B]
-        emitted = torch.full(
-            (batch_size, batch.max_depth + 1), PAD, dtype=torch.long, device=device
-        )  # [B, D + 1]
+        rows = torch.arange(batch_size, device=batch.device)  # [B]
+        walk = Descent.start(batch_size, batch.max_depth, batch.device)
         node_tokens = batch.tokens.clamp_min(0)  # [B, N]
         extras = self.node_extras(batch, target_probs, draft_probs)  # [B, N, P]
         for depth in range(batch.max_depth + 1):
+            node = walk.node  # [B]
             candidate_nodes = batch.candidates[rows, node]  # [B, C]
             valid = self.candidate_mask(candidate_nodes)  # [B, C]
             safe_nodes = candidate_nodes.clamp_min(0)  # [B, C]
@@ -232,16 +277,9 @@ class NodeLowering(TreeLowering):
             slot = torch.where(accepted >= 0, accepted, hit.to(torch.int8).argmax(-1))  # [B]
             descend = (accepted >= 0) | hit.any(-1)  # [B]
             child = safe_nodes.gather(1, slot[:, None]).squeeze(-1)  # [B]
-
-            live = ~done  # [B]
-            stops = live & ~descend  # [B]
             record = torch.where(descend, node_tokens[rows, child], drawn)  # [B]
-            emitted[:, depth] = torch.where(live, record, emitted[:, depth])
-            token = torch.where(stops, drawn, token)
-            node = torch.where(live & descend, child, node)
-            done = done | stops
-        num_emitted = batch.depth[rows, node] + 1  # [B]
-        return Verified(node, token, emitted, num_emitted)
+            walk = walk.advance(depth, record, drawn, descend, child)
+        return walk.verified(batch.depth)
 
 
 class HostPlanned(NodeLowering):

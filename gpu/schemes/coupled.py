@@ -17,8 +17,11 @@ mass is zero). A draw of a token the node already has adds that child again (the
 trie, multiplicity kept).
 
 Walk. From the root, the target's token at a node is its keyed selection
-``Y = argmin_z min_{k in R} log E[t, k, z] - log p(z)`` over a set of rows ``R``; the
-subclasses say how ``R`` and the descent are chosen (:meth:`KeyedLowering.walk`).
+``Y = argmin_z min_{k in R} log E[t, k, z] - log p(z)`` over a set of rows ``R``; the shared
+:meth:`KeyedLowering.walk` keeps the descent's bookkeeping and the subclasses say, per node, how
+``R`` and the descent are chosen (:meth:`KeyedLowering.follow`). With nothing drafted, the
+target's selection over all ``K`` rows is keyed target-only decoding
+(:func:`keyed_select_root`).
 
 Ties go to the lowest index (``argmin``); ``p = 0`` or ``pi = 0`` scores ``+inf`` and is never
 chosen. The logs are the portable :func:`specsampling.gpu.keyed.log`; the reference's race calls
@@ -41,7 +44,7 @@ from specsampling.shapes import Shape, check_shape
 
 from .. import keyed as gk
 from ..tree import PAD, TreeBatch
-from .base import Lowering, Verified
+from .base import Descent, Lowering, Verified
 
 
 class DraftPlan(NamedTuple):
@@ -93,6 +96,17 @@ class Drafted(NamedTuple):
         )
 
 
+class Selection(NamedTuple):
+    """The target's decision at every row's node (:meth:`KeyedLowering.follow`): its token,
+    whether the row descends into the child holding it, that child, and the rows of keyed
+    exponentials still in play for the next position."""
+
+    token: torch.Tensor  # [B]
+    descend: torch.Tensor  # [B] bool
+    child: torch.Tensor  # [B]
+    active: torch.Tensor  # [B, K] bool
+
+
 def iid_proposal(
     draft: torch.Tensor,  # [B, V]
     taken: torch.Tensor,  # [B, V] bool
@@ -127,7 +141,8 @@ ContextsOf = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 class KeyedLowering(Lowering):
     """Base of the lowered keyed couplings: batched keyed drafting and the target's walk.
 
-    Subclasses give :meth:`walk` (and :meth:`step_row` when rows differ per step).
+    Subclasses give :meth:`follow`, the per-node rule of the walk (and :meth:`step_row` when
+    rows differ per step).
     """
 
     hot_path: ClassVar[tuple[str, ...]] = (
@@ -136,6 +151,7 @@ class KeyedLowering(Lowering):
         "select",
         "child_with_token",
         "walk",
+        "follow",
     )
 
     @property
@@ -354,7 +370,6 @@ class KeyedLowering(Lowering):
         child = cands.gather(1, hit.to(torch.int8).argmax(-1, keepdim=True))[:, 0]  # [B]
         return hit.any(-1), child
 
-    @abstractmethod
     def walk(
         self,
         drafted: Drafted,
@@ -362,7 +377,113 @@ class KeyedLowering(Lowering):
         keys: torch.Tensor,  # [B]
         target_probs: torch.Tensor,  # [B, M, V] float64, the target after every node
     ) -> Verified:
-        """The target's walk down every row's tree: the reference verdict per row."""
+        """The target's walk down every row's tree: the reference verdict per row.
+
+        One position per iteration (``depth + 1``, a static bound): :meth:`follow` selects the
+        target's token at each row's node from the node's ``K`` rows of exponentials and says
+        whether the row descends; the last position is the bonus, where every row still walking
+        stops with its token.
+        """
+        batch_size, _, vocab_size = target_probs.shape
+        device = target_probs.device
+        rows = torch.arange(batch_size, device=device)  # [B]
+        walk = Descent.start(batch_size, plan.depth, device)
+        active = torch.ones((batch_size, plan.num_rows), dtype=torch.bool, device=device)  # [B, K]
+        for position in range(plan.depth + 1):
+            node = walk.node  # [B]
+            contexts = drafted.contexts[rows, node]  # [B]
+            exps = self.node_exponentials(keys, contexts, plan.num_rows, vocab_size)  # [B, K, V]
+            chosen = self.follow(
+                drafted, plan, position, node, target_probs[rows, node], exps, active
+            )
+            descend = chosen.descend & (position < plan.depth)  # [B]: the bonus ends every row
+            walk = walk.advance(position, chosen.token, chosen.token, descend, chosen.child)
+            active = chosen.active
+        return walk.verified(drafted.depth)
+
+    @abstractmethod
+    def follow(
+        self,
+        drafted: Drafted,
+        plan: DraftPlan,
+        position: int,
+        node: torch.Tensor,  # [B]
+        target: torch.Tensor,  # [B, V] float64, the target after each row's node
+        exps: torch.Tensor,  # [B, K, V] float64, the node's keyed exponentials
+        active: torch.Tensor,  # [B, K] bool, rows in play (all at the root)
+    ) -> Selection:
+        """The per-node rule of :meth:`walk` at ``position`` (``plan.depth``: the bonus, whose
+        ``descend`` the walk ignores)."""
 
 
-__all__ = ["ContextsOf", "DraftPlan", "DraftProbsOf", "Drafted", "KeyedLowering"]
+def keyed_select_root(
+    lowering: KeyedLowering,
+    plan: DraftPlan,
+    keys: torch.Tensor,  # [B] int64-held words
+    contexts: torch.Tensor,  # [B] int64-held words
+    target_probs: torch.Tensor,  # [B, V]
+) -> Verified:
+    """Keyed target-only decoding, one position: the target's keyed selection over all ``K``
+    rows of ``plan`` (:func:`specsampling.keyed.laws.keyed_select`, one step of
+    :func:`specsampling.keyed.laws.decode`), for row ``b``'s key and context word.
+
+    The round with nothing drafted, stateless: every row stops at the root (``node`` 0) with
+    the selected ``token``; ``tokens [B, 1]`` is that token and ``num_emitted`` is 1.
+
+    Parameters
+    ----------
+    lowering : KeyedLowering
+        The keyed coupling (its exponentials and selection).
+    plan : DraftPlan
+        ``lowering.plan(shape)``: ``plan.num_rows`` is ``K`` (GLS: the shape's paths; else 1).
+    keys, contexts : Tensor of int64, shape (B,)
+        64-bit words (two's-complement form, :func:`specsampling.gpu.keyed.as_words`): each
+        row's key and the context word of the position it decodes
+        (:meth:`specsampling.keyed.KeyedNoise.context`).
+    target_probs : Tensor, shape (B, V)
+        The target's distribution at that position.
+
+    Examples
+    --------
+    >>> import numpy as np, torch, specsampling as ss
+    >>> from specsampling.gpu import keyed as gk
+    >>> from specsampling.gpu.schemes.coupled import keyed_select_root
+    >>> from specsampling.gpu.schemes.gls import GLS_STRONG
+    >>> from specsampling.keyed import KeyedNoise
+    >>> from specsampling.keyed.laws import keyed_select
+    >>> plan = GLS_STRONG.plan(ss.Shape.paths(2, 2))
+    >>> probs = np.array([0.1, 0.2, 0.3, 0.4])
+    >>> noise = KeyedNoise(7)
+    >>> out = keyed_select_root(GLS_STRONG, plan, gk.as_words([7]),
+    ...                         gk.as_words([noise.context(())]), torch.from_numpy(probs[None]))
+    >>> int(out.token[0]) == keyed_select(probs, noise.exponentials((), 2, 4))
+    True
+    """
+    if not isinstance(lowering, KeyedLowering):
+        raise TypeError(
+            f"lowering: expected a keyed coupling's lowering, got {type(lowering).__name__}"
+        )
+    if target_probs.ndim != 2:
+        raise ValueError(f"target_probs: expected shape (B, V), got {tuple(target_probs.shape)}")
+    batch_size, vocab_size = target_probs.shape
+    for name, words in (("keys", keys), ("contexts", contexts)):
+        if tuple(words.shape) != (batch_size,):
+            raise ValueError(
+                f"{name}: expected shape ({batch_size},) (one word per row of target_probs), "
+                f"got {tuple(words.shape)}"
+            )
+    exps = lowering.node_exponentials(keys, contexts, plan.num_rows, vocab_size)  # [B, K, V]
+    raced = torch.ones(exps.shape[:2], dtype=torch.bool, device=exps.device)  # [B, K]
+    token = lowering.select(target_probs, exps, raced)  # [B]
+    return Verified(torch.zeros_like(token), token, token[:, None], torch.ones_like(token))
+
+
+__all__ = [
+    "ContextsOf",
+    "DraftPlan",
+    "DraftProbsOf",
+    "Drafted",
+    "KeyedLowering",
+    "Selection",
+    "keyed_select_root",
+]

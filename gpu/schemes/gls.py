@@ -24,9 +24,7 @@ from typing import ClassVar
 
 import torch
 
-from ..tree import PAD
-from .base import Verified
-from .coupled import Drafted, DraftPlan, KeyedLowering
+from .coupled import Drafted, DraftPlan, KeyedLowering, Selection
 
 
 class GLS(KeyedLowering):
@@ -43,46 +41,23 @@ class GLS(KeyedLowering):
         """Step ``s`` belongs to draft path ``s // depth`` and races that row."""
         return step // depth
 
-    def walk(
+    def follow(
         self,
         drafted: Drafted,
         plan: DraftPlan,
-        keys: torch.Tensor,  # [B]
-        target_probs: torch.Tensor,  # [B, M, V] float64
-    ) -> Verified:
-        """Race the active (or all) rows, keep the rows whose draft matched, descend."""
-        batch_size, _, vocab_size = target_probs.shape
-        device = target_probs.device
-        num_rows = plan.num_rows
-        rows = torch.arange(batch_size, device=device)  # [B]
-        node = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B]
-        done = torch.zeros(batch_size, dtype=torch.bool, device=device)  # [B]
-        token = torch.full((batch_size,), PAD, dtype=torch.long, device=device)  # [B]
-        emitted = torch.full((batch_size, plan.depth + 1), PAD, dtype=torch.long, device=device)
-        active = torch.ones((batch_size, num_rows), dtype=torch.bool, device=device)  # [B, K]
-        for position in range(plan.depth):
-            exps = self.node_exponentials(keys, drafted.contexts[rows, node], num_rows, vocab_size)
-            raced = active | self.strong  # [B, K]: all rows for gls_strong
-            drawn = self.select(target_probs[rows, node], exps, raced)  # [B]
-            drafted_here = drafted.draft_tokens[:, :, position]  # [B, K]
-            active = active & (drafted_here == drawn[:, None])  # [B, K]
-            _, child = self.child_with_token(drafted, node, drawn)  # [B]
-            live = ~done  # [B]
-            descend = active.any(-1)  # [B]
-            stops = live & ~descend  # [B]
-            emitted[:, position] = torch.where(live, drawn, emitted[:, position])
-            token = torch.where(stops, drawn, token)
-            node = torch.where(live & descend, child, node)
-            done = done | stops
-        # Every draft survived all positions: the bonus, selected the same way.
-        exps = self.node_exponentials(keys, drafted.contexts[rows, node], num_rows, vocab_size)
-        raced = active | self.strong  # [B, K]: all rows for gls_strong
-        drawn = self.select(target_probs[rows, node], exps, raced)  # [B]
-        live = ~done  # [B]
-        emitted[:, plan.depth] = torch.where(live, drawn, emitted[:, plan.depth])
-        token = torch.where(live, drawn, token)
-        num_emitted = drafted.depth[rows, node] + 1  # [B]
-        return Verified(node, token, emitted, num_emitted)
+        position: int,
+        node: torch.Tensor,  # [B]
+        target: torch.Tensor,  # [B, V] float64
+        exps: torch.Tensor,  # [B, K, V] float64
+        active: torch.Tensor,  # [B, K] bool: the rows whose draft matched so far
+    ) -> Selection:
+        """Race the active (or all) rows, keep the rows whose draft matched, descend while one
+        is left."""
+        drawn = self.select(target, exps, active | self.strong)  # [B]: all rows for gls_strong
+        column = min(position, plan.depth - 1)  # at the bonus the walk stops every row
+        active = active & (drafted.draft_tokens[:, :, column] == drawn[:, None])  # [B, K]
+        _, child = self.child_with_token(drafted, node, drawn)  # [B]
+        return Selection(drawn, active.any(-1), child, active)
 
 
 class GLSStrong(GLS):

@@ -23,9 +23,7 @@ from typing import ClassVar
 
 import torch
 
-from ..tree import PAD
-from .base import Verified
-from .coupled import Drafted, DraftPlan, KeyedLowering
+from .coupled import Drafted, DraftPlan, KeyedLowering, Selection
 
 
 class Poisson(KeyedLowering):
@@ -38,34 +36,20 @@ class Poisson(KeyedLowering):
 
     name: ClassVar[str] = "poisson"
 
-    def walk(
+    def follow(
         self,
         drafted: Drafted,
         plan: DraftPlan,
-        keys: torch.Tensor,  # [B]
-        target_probs: torch.Tensor,  # [B, M, V] float64
-    ) -> Verified:
+        position: int,
+        node: torch.Tensor,  # [B]
+        target: torch.Tensor,  # [B, V] float64
+        exps: torch.Tensor,  # [B, 1, V] float64
+        active: torch.Tensor,  # [B, 1] bool, all True
+    ) -> Selection:
         """Descend while the target's race winner is a drafted child; emit it."""
-        batch_size, _, vocab_size = target_probs.shape
-        device = target_probs.device
-        rows = torch.arange(batch_size, device=device)  # [B]
-        node = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B]
-        done = torch.zeros(batch_size, dtype=torch.bool, device=device)  # [B]
-        token = torch.full((batch_size,), PAD, dtype=torch.long, device=device)  # [B]
-        emitted = torch.full((batch_size, plan.depth + 1), PAD, dtype=torch.long, device=device)
-        raced = torch.ones((batch_size, 1), dtype=torch.bool, device=device)  # [B, 1]
-        for depth in range(plan.depth + 1):
-            exps = self.node_exponentials(keys, drafted.contexts[rows, node], 1, vocab_size)
-            drawn = self.select(target_probs[rows, node], exps, raced)  # [B]
-            descend, child = self.child_with_token(drafted, node, drawn)  # [B], [B]
-            live = ~done  # [B]
-            stops = live & ~descend  # [B]
-            emitted[:, depth] = torch.where(live, drawn, emitted[:, depth])
-            token = torch.where(stops, drawn, token)
-            node = torch.where(live & descend, child, node)
-            done = done | stops
-        num_emitted = drafted.depth[rows, node] + 1  # [B]
-        return Verified(node, token, emitted, num_emitted)
+        drawn = self.select(target, exps, active)  # [B]
+        descend, child = self.child_with_token(drafted, node, drawn)  # [B], [B]
+        return Selection(drawn, descend, child, active)
 
 
 class Gumbel(Poisson):
