@@ -56,7 +56,7 @@ def test_field_is_deterministic_and_each_value_regenerates_alone() -> None:
     assert np.array_equal(batch, again) and batch.dtype == np.float64
     for token in (0, 17, 999):
         assert keyed.exponentials(5, 123, 2, token) == batch[token]
-    perm = np.random.default_rng(0).permutation(1000)  # B8: no dependence on batch position
+    perm = np.random.default_rng(0).permutation(1000)  # cf. flashinfer-ai/flashinfer#4861
     assert np.array_equal(keyed.exponentials(5, 123, 2, perm), batch[perm])
     others = [
         keyed.exponentials(6, 123, 2, np.arange(1000)),
@@ -94,7 +94,7 @@ def test_field_is_uniform_and_independent() -> None:  # 4 checks
     assert pooled_chi2(np.bincount(joint.astype(int), minlength=100), np.full(100, 0.01)) > ALPHA
 
 
-def test_tail_resolution_is_float64_b9() -> None:  # 1 check (two halves)
+def test_tail_resolution_is_float64() -> None:  # 1 check (two halves)
     u = keyed.uniforms(9, 1, 0, np.arange(2**20))
     assert np.mean((u * 2.0**24) % 1 != 0) > 0.99  # bits below 2**-24: fp32 would have none
     assert np.all((u * 2.0**53) % 1 == 0)  # exactly multiples of 2**-53

@@ -53,7 +53,7 @@ def test_direct_verdict_laws_equal_round_law_or_raise(name, shape):
 
 
 def test_resispec_on_trees_without_replacement_the_reported_case():
-    """The issue's case: direct verdict laws of ``star(2, replacement=False)`` trees gave a
+    """The reported case: direct verdict laws of ``star(2, replacement=False)`` trees gave a
     first-token law of 55987/115920 instead of 1/2."""
     scheme = ss.SCHEMES["resispec"]
     law = _direct_round_law(scheme, THE_ISSUE_PAIR, ss.Shape.star(2, replacement=False))

@@ -146,7 +146,7 @@ def test_round_law_is_lossless_and_strong_accepts_less(name: str) -> None:
         for shape in (ss.Shape.star(3), ss.Shape.paths(2, 3)):
             assert ss.lossless_error(name, pair, shape) < 1e-12
             strong = ss.expected_emitted("gls_strong", pair, shape)
-            assert strong <= ss.expected_emitted("gls", pair, shape) + 1e-12  # specs §C.4
+            assert strong <= ss.expected_emitted("gls", pair, shape) + 1e-12  # docs/schemes/gls.md
 
 
 # --- a reference walk and the mutants ----------------------------------------------------------

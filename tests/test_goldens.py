@@ -1,4 +1,4 @@
-"""Golden values from the specs (discrete-schemes.md §8.3, §1, §2), not from our own code.
+"""Golden values worked out independently of this library and typed in, never computed by it.
 
 Single-position table (``acc = P(Y in drafts)``, k drafts):
 
@@ -32,7 +32,7 @@ ROWS = {
     "D": ([F(1), F(0)], [F(0), F(1)], 2),
     "E": ([F(7, 10), F(2, 10), F(1, 10)], [F(7, 10), F(2, 10), F(1, 10)], 2),
 }
-# Spec §8.3 columns, as printed (6 decimals).
+# The table's columns, as printed (6 decimals).
 GOLDEN = {
     "A": {"standard": 0.833333, "nss": 0.555556, "specinfer": 0.888889, "rsd": 0.916667},
     "A3": {"standard": 0.833333, "nss": 0.703704, "specinfer": 0.925926, "rsd": 1.0},
@@ -183,10 +183,10 @@ def test_closed_forms_equal_enumeration_on_random_pairs(scheme, k):
         assert ss.acceptance(scheme, target, draft, k) == expected, seed
 
 
-# ----------------------------------------------------------------- sequence-level goldens (§5)
-# Block verification on p = (1/3, 2/3), q = (2/3, 1/3), gamma = 2: the paper's motivating
-# example, E[tau] = 11/9 against 10/9 for token-level verification; traversal equals block on
-# chains and gets 115/81 on two i.i.d. paths of length 2 (§8.3).
+# ----------------------------------------------------------------- sequence-level goldens
+# Block verification on p = (1/3, 2/3), q = (2/3, 1/3), gamma = 2: the motivating example of
+# Sun et al. (arXiv 2403.10444), E[tau] = 11/9 against 10/9 for token-level verification;
+# traversal equals block on chains and gets 115/81 on two i.i.d. paths of length 2.
 BLOCK_TOY = ((F(1, 3), F(2, 3)), (F(2, 3), F(1, 3)))
 
 
@@ -203,7 +203,7 @@ def test_traversal_tree_golden():
     )
 
 
-# E[tau + 1] of the chain table in §5 (printed to 3-4 significant digits).
+# E[tau + 1] on chains, token-level and block (worked out independently; 3-4 significant digits).
 CHAIN_TABLE = [
     ((0.8, 0.2), (0.5, 0.5), 2, 2.19, 2.25),
     ((0.8, 0.2), (0.5, 0.5), 3, 2.533, 2.722),

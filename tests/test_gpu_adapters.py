@@ -1,4 +1,4 @@
-"""The serving-engine adapters (issue 10, section 4): ``specsampling.gpu.vllm.rejection_sample``
+"""The serving-engine adapters (``docs/torch.md``): ``specsampling.gpu.vllm.rejection_sample``
 and ``specsampling.gpu.flashinfer.chain_speculative_sampling``.
 
 The *cases* of vLLM's ``tests/v1/sample/test_rejection_sampler.py`` (greedy matches and

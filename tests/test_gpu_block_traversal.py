@@ -1,4 +1,4 @@
-"""Path-wise equality of the block and traversal lowerings with their references (issue 10).
+"""Path-wise equality of the block and traversal lowerings with their references.
 
 Both are tree schemes with their own verify (no node walk): block's running capped ratio, its
 deepest-success ``tau`` and w-weighted residual; traversal's post-order cursor with parent

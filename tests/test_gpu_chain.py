@@ -1,4 +1,4 @@
-"""``specsampling.gpu.verify_chain``: chains in the FlashInfer/vLLM layout (issue 10, sections 2-3).
+"""``specsampling.gpu.verify_chain``: chains in the FlashInfer/vLLM layout.
 
 Path-wise equality with the reference for every registered scheme exact on sampled chains
 (iterated at test time), with real draft tables and point-mass drafts, ragged lengths and
@@ -370,7 +370,8 @@ def test_point_mass_drafts_are_exact_for_every_chain_scheme() -> None:
 
 def test_argmax_draft_with_softmax_q_is_lossy() -> None:
     """Negative control: a deterministic draft verified with the draft's *softmax* ``q`` (not
-    the point mass) emits the wrong law -- why ``draft_probs=None`` exists (peer bug B14)."""
+    the point mass) emits the wrong law -- why ``draft_probs=None`` exists
+    (deepseek-ai/DeepSpec#31)."""
     target = np.array([Fraction(1, 2), Fraction(1, 3), Fraction(1, 6)], dtype=object)
     softmax = np.array([Fraction(1, 4), Fraction(1, 2), Fraction(1, 4)], dtype=object)
     drafted = 1  # the argmax, drafted with probability 1

@@ -6,7 +6,7 @@ Both schemes own their drafting law (``Shape.greedy``, ``Shape.hub``). Checked h
   random pairs (vocabulary 2-4) and hand-made edge pairs, at depth 1 and 2;
 * closed forms == exact enumeration of ``P(first emitted token in the root's drafts)``;
 * closed forms == the LP (optimal transport, max-flow form) optimum for the scheme's own law;
-* the greedy column of the spec's golden table (discrete-schemes.md §8.3);
+* the greedy column of the golden table (``tests/test_goldens.py``, worked out independently);
 * exhausted supports (greedy: ``T`` covers ``supp q``; SpecHub: ``q`` one-hot);
 * mutants (known-buggy variants) caught by the exact law, each next to its correct twin;
 * sampled ``verify`` against ``verdict_law`` given the tree (chi-square on counts, fixed seed,
@@ -195,7 +195,7 @@ def test_closed_forms_are_vectorised_over_large_vocabularies():
     assert standard <= spechub_acceptance(target, draft) <= 1
 
 
-# Spec §8.3, column "Greedy (Hu)": A, A3, D (T exhausts supp q), E.
+# Golden table, column "Greedy (Hu)": A, A3, D (T exhausts supp q), E.
 GREEDY_GOLDEN = {
     "A": ((F(1, 2), F(1, 3), F(1, 6)), (F(1, 3),) * 3, 2, F(1)),
     "A3": ((F(1, 2), F(1, 3), F(1, 6)), (F(1, 3),) * 3, 3, F(1)),

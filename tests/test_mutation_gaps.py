@@ -1,4 +1,4 @@
-"""Tests that kill the mutants which survived the whole suite (issue 9, part 6), with proof.
+"""Tests that kill the mutants which survived the whole suite, with proof.
 
 Each gap has a ``_check_*`` function holding the assertions. ``test_*`` runs it on the real
 code; ``test_*_kills_mutant`` applies the mutant for the test's duration (``monkeypatch``)
@@ -331,7 +331,7 @@ def test_lossless_error_kills_mutant(monkeypatch: pytest.MonkeyPatch) -> None:
         _AcceptEverything(),
         ss.pairs.Stationary([F(1, 2), F(1, 2), F(0)], [F(0), F(0), F(1)]),
         ss.Shape.chain(1),
-    ) == F(1, 4)  # the issue's number for the mutant
+    ) == F(1, 4)  # the mutant's hand-derived error
     with pytest.raises(AssertionError):
         _check_lossless_error_on_a_known_bad_law()
 

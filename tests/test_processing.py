@@ -1,7 +1,7 @@
 """``ss.process``: temperature, top-k, top-p, checked against an independent pure-Python version.
 
-Peer bugs covered: B13 (one processing function, same order for target and draft), B16 (1-D and
-batched 2-D inputs give identical rows).
+Peer bugs covered: one processing function, same order for target and draft
+(vllm-project/vllm#10198); 1-D and batched 2-D inputs give identical rows (SafeAILab/EAGLE#215).
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ SETTINGS = [
 
 @pytest.mark.parametrize("kwargs", SETTINGS, ids=repr)
 def test_batched_equals_row_by_row(kwargs):
-    """Peer bug B16: a processor applied to 1-D and to batched 2-D input must agree."""
+    """SafeAILab/EAGLE#215: a processor applied to 1-D and to batched 2-D input must agree."""
     rng = np.random.default_rng(5)
     batch = rng.normal(size=(3, 4, 7)) * 2
     batch[0, 1, 3] = -math.inf
@@ -250,7 +250,7 @@ def test_output_is_a_valid_distribution_for_the_validator():
     ids=repr,
 )
 def test_badly_typed_parameters_are_named(kwargs, name):
-    """These gave raw numpy/TypeError/OverflowError messages (issue 9 §5)."""
+    """These gave raw numpy/TypeError/OverflowError messages."""
     with pytest.raises(ValueError, match=f"^{name}: expected") as info:
         ss.process(LOGITS, **kwargs)
     assert "ufunc" not in str(info.value) and "convert" not in str(info.value)

@@ -1,8 +1,10 @@
-"""Regressions from the peer-bug catalogue (shared/specs/peer-bugs.md §5) for the reference.
+"""Regressions, for the reference, of correctness bugs reported against peer libraries.
 
-B5 strict accept test and CDF boundaries; B4/B19 token ids in range at the top of [0, 1) and over
-large vocabularies with a zero tail; B23 the zero-mass residual; B12 inputs never mutated; B22 API
-smoke over the registry; plus ``ss.generate``.
+Strict accept test and CDF boundaries (sgl-project/sglang#35771); token ids in range at the top
+of [0, 1) and over large vocabularies with a zero tail (sgl-project/sglang#30822,
+vllm-project/vllm#44744); the zero-mass residual (SGLang's, FlashInfer's and vLLM's fallbacks);
+inputs never mutated (vllm-project/vllm-ascend#2881); API smoke over the registry
+(FasterDecoding/Medusa, ``medusa/model/utils.py``); plus ``ss.generate``.
 """
 
 from __future__ import annotations
@@ -37,10 +39,10 @@ def _noise(accept, sample):
     return Noise.checked(accept, sample, len(accept))
 
 
-# ----------------------------------------------------------------------------- B5
+# ------------------------------------------------------------------ sgl-project/sglang#35771
 
 
-def test_b5_accept_test_is_strict():
+def test_accept_test_is_strict():
     assert accepts(0.0, 0.0, 0.5) is False  # p(x) = 0 never accepts, even at u = 0
     assert accepts(0.0, 0.0, 0.0) is False
     assert accepts(0.5, 0.25, 0.5) is False  # u * q == p exactly: reject
@@ -51,7 +53,7 @@ def test_b5_accept_test_is_strict():
 
 
 @pytest.mark.parametrize("name", ["standard", "specinfer", "rsd"])
-def test_b5_zero_target_token_rejected_at_u_zero(name):
+def test_zero_target_token_rejected_at_u_zero(name):
     """Draft token 1 has p = 0 < q: rejected with u = 0, and the correction is never token 1."""
     target, draft = np.array([0.5, 0.0, 0.5]), np.array([0.2, 0.6, 0.2])
     pair = Stationary(target, draft)
@@ -63,7 +65,7 @@ def test_b5_zero_target_token_rejected_at_u_zero(name):
 
 
 @pytest.mark.parametrize("name", ["standard", "specinfer", "rsd"])
-def test_b5_accept_boundary_through_verify(name):
+def test_accept_boundary_through_verify(name):
     pair = Stationary([F(1, 4), F(3, 4)], [F(1, 2), F(1, 2)])
     tree = DraftTree.chain([0], law="iid")
     tp, dp = tables(pair, tree)
@@ -72,7 +74,7 @@ def test_b5_accept_boundary_through_verify(name):
     assert scheme.verify(tree, tp, dp, _noise([0, np.nextafter(0.5, 0)], [0, 0])).node == 1
 
 
-def test_b5_categorical_half_open_cdf_intervals():
+def test_categorical_half_open_cdf_intervals():
     probs = np.array([0.25, 0.25, 0.5])
     assert [categorical(probs, u) for u in (0.0, 0.2499, 0.25, 0.4999, 0.5)] == [0, 0, 1, 1, 2]
     assert categorical(probs, LARGEST_BELOW_ONE) == 2
@@ -89,7 +91,7 @@ def test_b5_categorical_half_open_cdf_intervals():
 
 @pytest.mark.parametrize(("name", "shape"), VERIFIED, ids=repr)
 @pytest.mark.parametrize("value", [0.0, LARGEST_BELOW_ONE], ids=["u=0", "u=max"])
-def test_b5_b19_constant_noise_gives_a_possible_verdict(name, shape, value):
+def test_constant_noise_gives_a_possible_verdict(name, shape, value):
     """At both ends of [0, 1) every verdict must be one the exact law gives positive mass."""
     scheme = ss.SCHEMES[name]
     pair = Random(3, seed=2, exact=True)
@@ -100,11 +102,11 @@ def test_b5_b19_constant_noise_gives_a_possible_verdict(name, shape, value):
         assert law.get(verdict, 0) > 0, (tree, verdict)
 
 
-# ----------------------------------------------------------------------------- B4 / B19
+# ------------------------------------------ vllm-project/vllm#44744, sgl-project/sglang#30822
 
 
 @pytest.mark.parametrize("vocab_size", [8193, 10000, 151936])
-def test_b4_categorical_never_leaves_the_support(vocab_size):
+def test_categorical_never_leaves_the_support(vocab_size):
     rng = np.random.default_rng(vocab_size)
     live = vocab_size - 37  # a zero tail that is not tile aligned
     probs = np.zeros(vocab_size)
@@ -119,14 +121,14 @@ def test_b4_categorical_never_leaves_the_support(vocab_size):
     assert categorical(probs, LARGEST_BELOW_ONE) == last_positive
 
 
-def test_b4_categorical_clips_when_the_scaled_uniform_rounds_up_to_the_mass():
+def test_categorical_clips_when_the_scaled_uniform_rounds_up_to_the_mass():
     """Subnormal mass: ``u * mass`` rounds to ``mass`` itself and searchsorted returns V."""
     probs = np.array([0.0, 5e-324, 0.0])
     assert categorical(probs, LARGEST_BELOW_ONE) == 1
     assert categorical(np.array([5e-324, 0.0]), LARGEST_BELOW_ONE) == 0
 
 
-def test_b4_categorical_single_live_token_at_the_end_and_start():
+def test_categorical_single_live_token_at_the_end_and_start():
     for vocab_size in (8193, 151936):
         probs = np.zeros(vocab_size)
         probs[0] = 1.0
@@ -138,7 +140,7 @@ def test_b4_categorical_single_live_token_at_the_end_and_start():
 
 @pytest.mark.parametrize("vocab_size", [8193, 151936])
 @pytest.mark.parametrize("name", SCHEMES)
-def test_b4_verify_on_large_vocabularies(name, vocab_size):
+def test_verify_on_large_vocabularies(name, vocab_size):
     rng = np.random.default_rng(1)
     target = np.zeros(vocab_size)
     target[: vocab_size // 2] = rng.random(vocab_size // 2)
@@ -162,10 +164,10 @@ def test_b4_verify_on_large_vocabularies(name, vocab_size):
         assert verdict.node == 0 and target[verdict.token] > 0
 
 
-# ----------------------------------------------------------------------------- B23
+# --------------------------------------------------------------------- zero-mass residual
 
 
-def test_b23_residual_of_equal_inputs_falls_back_to_the_target():
+def test_residual_of_equal_inputs_falls_back_to_the_target():
     target = np.array([0.7, 0.2, 0.1])
     out = residual(target, target.copy())
     assert np.all(np.isfinite(out))
@@ -174,7 +176,7 @@ def test_b23_residual_of_equal_inputs_falls_back_to_the_target():
     assert list(residual(exact, exact.copy())) == [F(1, 2), F(1, 2)]
 
 
-def test_b23_residual_with_tiny_differences():
+def test_residual_with_tiny_differences():
     rng = np.random.default_rng(3)
     target = rng.random(1000)
     target /= target.sum()
@@ -196,7 +198,7 @@ NEAR_EQUAL = [
 
 @pytest.mark.parametrize(("name", "shape"), SUPPORTED, ids=repr)
 @pytest.mark.parametrize("rows", NEAR_EQUAL, ids=["equal", "draft-nudged", "target-nudged"])
-def test_b23_near_equal_inputs_stay_exact(name, shape, rows):
+def test_near_equal_inputs_stay_exact(name, shape, rows):
     pair = Stationary(*rows)
     for _, _, verdicts in ss.SCHEMES[name].outcomes(pair, shape, ()):
         assert all(np.isfinite(float(p)) and p >= 0 for p in verdicts.values())
@@ -204,7 +206,7 @@ def test_b23_near_equal_inputs_stay_exact(name, shape, rows):
 
 
 @pytest.mark.parametrize("name", SCHEMES)
-def test_b23_equal_exact_inputs_are_exactly_lossless(name):
+def test_equal_exact_inputs_are_exactly_lossless(name):
     rows = [F(1, 2), F(1, 3), F(1, 6)]
     scheme = ss.SCHEMES[name]
     shape = scheme.single_shape(3) if scheme.supports(scheme.single_shape(3)) else Shape.chain(2)
@@ -214,7 +216,7 @@ def test_b23_equal_exact_inputs_are_exactly_lossless(name):
         assert ss.acceptance(name, rows, rows, 1 if name == "standard" else 2) == 1
 
 
-# ----------------------------------------------------------------------------- B12
+# --------------------------------------------------------------- vllm-project/vllm-ascend#2881
 
 
 def _snapshot(*arrays):
@@ -224,7 +226,7 @@ def _snapshot(*arrays):
 
 
 @pytest.mark.parametrize(("name", "shape"), VERIFIED, ids=repr)
-def test_b12_verify_and_verdict_law_leave_inputs_untouched(name, shape):
+def test_verify_and_verdict_law_leave_inputs_untouched(name, shape):
     scheme = ss.SCHEMES[name]
     pair = Random(3, seed=2)
     rng = np.random.default_rng(0)
@@ -239,7 +241,7 @@ def test_b12_verify_and_verdict_law_leave_inputs_untouched(name, shape):
 
 
 @pytest.mark.parametrize("exact", [False, True])
-def test_b12_single_position_calls_leave_inputs_untouched(exact):
+def test_single_position_calls_leave_inputs_untouched(exact):
     if exact:
         target = np.array([F(1, 2), F(1, 3), F(1, 6)], dtype=object)
         draft = np.array([F(1, 6), F(1, 3), F(1, 2)], dtype=object)
@@ -260,11 +262,11 @@ def test_b12_single_position_calls_leave_inputs_untouched(exact):
     assert _snapshot(target, draft) == before
 
 
-# ----------------------------------------------------------------------------- B22
+# ----------------------------------------------------------------- FasterDecoding/Medusa API
 
 
 @pytest.mark.parametrize("name", SCHEMES)
-def test_b22_every_scheme_method_is_callable(name):
+def test_every_scheme_method_is_callable(name):
     scheme = ss.SCHEMES[name]
     assert isinstance(scheme, ss.Scheme)
     assert scheme.name == name and ss.get_scheme(scheme) is scheme

@@ -444,7 +444,7 @@ def test_duplicates_get_independent_tests_when_sampled():
     assert stats.chisquare(observed, expected).pvalue > 1e-3
 
 
-def test_sure_stage_still_checks_the_drafted_token_b5():
+def test_sure_stage_still_checks_the_drafted_token():
     """Regression (found by the CI hypothesis profile): q = (1e-21, 1) sums to 1.0 in float64,
     so the stage keeps all mass (sum m = 1) while the drafted token 0 has p = 0 and m = 0. The
     sure-accept shortcut accepted it; the drafted token's own check must reject it."""

@@ -176,7 +176,8 @@ def test_negative_control_wrong_law_is_rejected():
 
 
 def test_negative_control_rsd_on_iid_drafts_is_rejected():
-    """A real bug: RRS without replacement fed i.i.d. candidates (spec §2b, TV about 0.17)."""
+    """A real bug: RRS without replacement fed i.i.d. candidates (TV about 0.17;
+    ``docs/schemes/specinfer.md``)."""
     pair = Random(3, seed=2)
     shape = Shape.star(3)
     rsd = ss.SCHEMES["rsd"]

@@ -1,6 +1,7 @@
 """SpecTr K-SEQ (specsampling/schemes/spectr.py): goldens, exactness, rho*, duplicates, a mutant.
 
-Goldens are the spec's printed decimals (discrete-schemes.md §8.3), compared within 5e-7:
+Goldens are printed decimals worked out independently (``tests/test_goldens.py``), compared within
+5e-7:
 
 | Case | p | q | k | SpecTr acc (rho*) |
 |---|---|---|---|---|

@@ -1,8 +1,8 @@
 """Input validation at every public entry point: the error type, and a message naming the argument.
 
-Specs: ARCHITECTURE.md "Distributions" (one validator, ``InvalidDistribution`` is a ``ValueError``,
-tolerance 1e-6 for floats, exact for Fractions) and "Scheme" (``UnsupportedShape`` instead of a
-silently biased verification).
+The contract (``docs/architecture.md``): one validator, ``InvalidDistribution`` is a ``ValueError``,
+tolerance 1e-6 for floats, exact for Fractions; ``UnsupportedShape`` instead of a silently biased
+verification.
 """
 
 from __future__ import annotations
@@ -292,7 +292,7 @@ def test_bad_lengths_and_rng():
         ss.pairs.Random(3, seed=-1)
 
 
-# ---------------------------------------------------------------- issue 9, part 5: bad input
+# ---------------------------------------------------------------- bad input
 
 NOT_REAL = [
     pytest.param(["0.5", "0.5", "0"], "a string", id="numeric-strings"),
@@ -332,7 +332,7 @@ def test_real_number_kinds_still_accepted():
 
 
 def test_accepted_near_normalised_input_comes_back_normalised():
-    """Mutation survivor (issue 9 §6): skipping the renormalisation left round laws at 1 + 4e-7."""
+    """Mutation survivor: skipping the renormalisation left round laws at 1 + 4e-7."""
     rng = np.random.default_rng(0)
     for vocab_size in (3, 10, 100):
         weights = rng.dirichlet(np.ones(vocab_size)) * (1 + 4e-7)

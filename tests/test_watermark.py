@@ -1,4 +1,6 @@
-"""Watermark (specs §C.5): unbiased over keys, exact Gamma null, power, acceptance unchanged.
+"""Watermark: unbiased over keys, exact Gamma null, power, acceptance unchanged.
+
+Guide: ``docs/watermark.md``.
 
 Statistical budget, all at ``ALPHA = 1e-4`` with fixed seeds: 8 chi-square checks of the output
 law over keys, 5 KS checks of null p-values, 8 "another key gives no signal" p-values, 4
