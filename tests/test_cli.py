@@ -257,7 +257,7 @@ def test_unknown_name_raises_keyerror_listing_names() -> None:
         certify(["no-such-scheme"])
 
 
-# ---------------------------------------------------------------- compare: bad input (issue 9 §5)
+# ---------------------------------------------------------------- compare: bad input
 
 SKEWED_ARGS = ["--target", "0.7,0.2,0.1", "--draft", "0.1,0.2,0.7"]
 
@@ -431,3 +431,67 @@ def test_models_command_lists_and_refuses(capsys: pytest.CaptureFixture[str]) ->
         assert name in out
     assert main(["models", "fetch", "nosuch"]) == 2
     assert "unknown model 'nosuch'" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- the extras' commands
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["certify", "--help"], ["compare", "--help"]])
+def test_core_help_never_imports_torch(argv: list[str]) -> None:
+    """The numpy core's own commands print their help without importing torch (a fresh
+    interpreter: this test process has torch loaded already)."""
+    code = (
+        "import sys, specsampling.cli as c\n"
+        f"status = c.main({argv!r})\n"
+        "print('status', status)\n"
+        "print('torch imported' if 'torch' in sys.modules else 'torch not imported')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[-2:] == ["status 0", "torch not imported"]
+    assert lines[0].startswith("usage: specsampling")
+
+
+@pytest.mark.parametrize(
+    ("command", "module", "extra"),
+    [
+        ("decode", "specsampling.gpu.hf", "specsampling[hf]"),
+        ("models", "specsampling.gpu.hf", "specsampling[hf]"),
+        ("simulate", "specsampling.simulators", "specsampling[torch]"),
+    ],
+)
+def test_extras_commands_without_the_extra_say_what_to_install(
+    command: str,
+    module: str,
+    extra: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setitem(sys.modules, module, None)  # importing it raises ImportError
+    assert main([command, "--help"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"specsampling {command}: ") and f"pip install '{extra}'" in err
+
+
+@pytest.mark.parametrize(
+    ("command", "usage"),
+    [
+        ("decode", "usage: specsampling decode"),
+        ("models", "usage: specsampling models"),
+        ("simulate", "usage: specsampling simulate"),
+    ],
+)
+def test_extras_commands_are_handed_their_arguments(
+    command: str, usage: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("torch")
+    if command != "simulate":
+        pytest.importorskip("transformers")
+    assert main([command, "--help"]) == 0
+    assert capsys.readouterr().out.startswith(usage)
+    assert main([command, "--no-such-option"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(usage) and f"specsampling {command}: error: " in err

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from specsampling.gpu.hf import models
+from specsampling.gpu.hf.cli import models_main as main
 from specsampling.gpu.hf.models import (
     MODELS,
     ChecksumError,
@@ -35,7 +36,7 @@ from specsampling.gpu.hf.models import (
     is_converted,
     is_fetched,
     load_model,
-    main,
+    resolve_model,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -310,6 +311,16 @@ def test_bad_dtype_and_device_fail_before_any_download(monkeypatch: pytest.Monke
     assert models._as_dtype("torch.float64") is torch.float64
 
 
+def test_load_model_refuses_what_is_not_a_name_or_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(models, "fetch", lambda *a, **k: pytest.fail("fetched"))
+    monkeypatch.setattr(models, "_load_dir", lambda *a, **k: pytest.fail("loaded"))
+    for bad in (123, None, 1.5, ["smollm2-135m"], b"smollm2-135m"):
+        with pytest.raises(TypeError, match=r"^name_or_path: expected a pinned model name"):
+            load_model(bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^--draft: .* got 7 \(int\)$"):
+        resolve_model(7, "--draft")
+
+
 def test_cli_list(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # smollm2: fetched (a sparse file of the pinned size and its marker); the 0.5B: converted
     spec = MODELS["smollm2-135m"]
@@ -477,7 +488,7 @@ def test_real_local_directory_and_dtype(smollm2: Loaded) -> None:
     assert tokenizer.get_vocab() == smollm2.tokenizer.get_vocab()
     reference = smollm2.model.state_dict()
     assert all(torch.equal(v, reference[k].bfloat16()) for k, v in model.state_dict().items())
-    with pytest.raises(KeyError, match="neither a known model"):
+    with pytest.raises(KeyError, match="neither a pinned model"):
         load_model(smollm2.cache / "no-such-dir")
 
 

