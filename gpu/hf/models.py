@@ -110,8 +110,8 @@ def _split(package: str, version: str, count: int) -> tuple[Part, ...]:
     )
 
 
-#: The pinned models by name (design: ``TORCH.md`` §6). Sizes and hashes measured on the
-#: assembled files; the part packages are anonymous re-uploads, so only the hash is trusted.
+#: The pinned models by name: the tests' and the benchmarks' weights. Sizes and hashes measured
+#: on the assembled files; the part packages are anonymous re-uploads, so only the hash is trusted.
 MODELS: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in (
