@@ -14,7 +14,7 @@ patterns themselves). Flagged:
   "the spec(s)" (``specs §3.4``, ``the spec's``);
 * issue numbers (``issue 12``, ``issue-3``) and "the issue's";
 * private bug labels ``B1`` .. ``B24`` where they are used as labels: after "bug", "peer", an
-  opening bracket, a comma, a slash or a comment ruler, at the start of a comment or
+  opening bracket, a comma, a slash, "and" or a comment ruler, at the start of a comment or
   docstring, or followed by a colon or a closing bracket; and in test names (``test_b5_...``).
   ``B`` as a batch size (``B = 64``, ``[B, N, V]``) is not a label.
 """
@@ -61,7 +61,7 @@ PATTERNS: dict[str, re.Pattern[str]] = {
 LABEL = re.compile(r"(?<![\w.-])B(?:[1-9]|1[0-9]|2[0-4])(?!\w|\.\d)")
 #: What makes it a label: the text just before it on its line ...
 LABEL_BEFORE = re.compile(
-    r"(?:\bbugs?|\bpeers?|peer-bugs?|[(\[/,;]|-{3,}"
+    r"(?:\bbugs?|\bpeers?|peer-bugs?|[(\[/,;]|\band|-{3,}"
     r"|^\s*(?:#:?|[rR]?\"\"\"|\*|-)|\"\"\")\s*$",
     re.IGNORECASE,
 )
@@ -160,6 +160,7 @@ def test_no_file_cites_what_a_user_lacks() -> None:
         "The specs reconstruct it as the probability of the sub-event",
         "(the specification's prototype: 0.19-0.31 s)",
         "The spec's measurements on random instances are quoted as total variation",
+        "  every path) and B24 (the bonus token's KV: a self-draft accepts everything).",
         "def test_b5_accept_test_is_strict():",
         "def test_tail_resolution_is_float64_b9() -> None:",
     ],
