@@ -8,7 +8,8 @@ Pearson's chi-square, least likely outcomes merged into bins expecting >= ``MIN_
 at once.
 
 False-positive budget: ``FALSE_POSITIVE_BUDGET = 1e-3`` for this file, split evenly (Bonferroni)
-over the ``len(CASES)`` tests that must accept. The negative control (drafting from the
+over the ``len(CASES) + 1`` tests that must accept (every case on the CPU, and one on the
+device: CUDA when present). The negative control (drafting from the
 verifier's noise, the shared-stream bug) uses the same ``ALPHA`` and must reject; it spends none
 of the budget.
 """
@@ -74,7 +75,8 @@ if "nss" in TREE_SCHEMES:
     CASES.append(("nss", Shape.top((2, 1))))  # the deterministic law
 
 FALSE_POSITIVE_BUDGET = 1e-3
-ALPHA = FALSE_POSITIVE_BUDGET / len(CASES)  # per test, Bonferroni
+NUM_ACCEPTING = len(CASES) + 1  # the cases, and the run on the device
+ALPHA = FALSE_POSITIVE_BUDGET / NUM_ACCEPTING  # per test, Bonferroni
 
 
 def first_tokens_pvalue(out: ssg.Speculation, pair: Any) -> float:
@@ -82,10 +84,18 @@ def first_tokens_pvalue(out: ssg.Speculation, pair: Any) -> float:
     return chi_square_pvalue(Counter(row[:NUM_EMITTED] for row in out.tokens), law)
 
 
+def check_rounds(out: ssg.Speculation, shape: Shape, num_rows: int) -> None:
+    """Two rounds per row, each emitting 1 to ``depth + 1`` in-vocabulary tokens."""
+    assert out.num_rounds == 2 and len(out.tokens) == num_rows
+    for row, counts in zip(out.tokens, out.emitted, strict=True):
+        assert len(counts) == 2 and all(1 <= c <= shape.depth + 1 for c in counts)
+        assert len(row) == sum(counts) and all(0 <= t < RANDOM_PAIR.vocab_size for t in row)
+
+
 def test_budget_is_declared() -> None:
     assert len(CASES) >= 8  # standard, nss, specinfer, rsd: chains and trees; grows with them
     assert {name for name, _ in CASES} == set(TREE_SCHEMES)
-    assert ALPHA * len(CASES) == pytest.approx(FALSE_POSITIVE_BUDGET)
+    assert ALPHA * NUM_ACCEPTING == pytest.approx(FALSE_POSITIVE_BUDGET)
 
 
 @pytest.mark.parametrize("index", range(len(CASES)), ids=lambda i: f"{CASES[i][0]}-{CASES[i][1]}")
@@ -93,10 +103,7 @@ def test_first_tokens_follow_the_target(index: int) -> None:
     name, shape = CASES[index]
     generator = torch.Generator().manual_seed(SEED + index)
     out = ssg.speculate(name, RANDOM_PAIR, shape, 2, generator, PREFIX, batch_size=NUM_ROWS)
-    assert out.num_rounds == 2 and len(out.tokens) == NUM_ROWS
-    for row, counts in zip(out.tokens, out.emitted, strict=True):
-        assert len(counts) == 2 and all(1 <= c <= shape.depth + 1 for c in counts)
-        assert len(row) == sum(counts) and all(0 <= t < RANDOM_PAIR.vocab_size for t in row)
+    check_rounds(out, shape, NUM_ROWS)
     assert first_tokens_pvalue(out, RANDOM_PAIR) > ALPHA
 
 
@@ -174,7 +181,11 @@ def test_rounds_continue_after_the_emitted_tokens() -> None:
 
 @pytest.mark.cuda
 def test_speculate_on_device() -> None:
+    """On the device's own generator (CUDA when present), the first two tokens still follow
+    the target's law (one share of the budget)."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    generator = torch.Generator(device=device).manual_seed(SEED)
-    out = ssg.speculate("specinfer", RANDOM_PAIR, Shape.paths(2, 2), 2, generator, PREFIX, 500)
-    assert len(out.tokens) == 500 and all(len(row) >= 2 for row in out.tokens)
+    generator = torch.Generator(device=device).manual_seed(SEED - 1)
+    shape = Shape.paths(2, 2)
+    out = ssg.speculate("specinfer", RANDOM_PAIR, shape, 2, generator, PREFIX, NUM_ROWS)
+    check_rounds(out, shape, NUM_ROWS)
+    assert first_tokens_pvalue(out, RANDOM_PAIR) > ALPHA
