@@ -2,7 +2,7 @@
 
 Run from the repository root (the models are fetched once into the cache, ``gpu/hf/models.py``)::
 
-    python benchmarks/decode.py          # the run: 20 HumanEval prompts, 128 tokens
+    python benchmarks/decode.py          # the full run: 20 HumanEval prompts, 128 tokens
     python benchmarks/decode.py --prompts 4 --max-new-tokens 48 --configs quick
     python benchmarks/decode.py --quick --output /tmp/decode.md   # tiny random models: a smoke test
 

@@ -10,8 +10,9 @@ Proofs, each on random-weight Llama / Qwen2 models built from small configs (no 
 * **sampling losslessness**: the law of the first two emitted tokens over thousands of batched
   rows matches the target's exact two-token law (chi-square on counts), with a negative control
   (an always-accept verifier) that must fail;
-* EOS / ``max_new_tokens`` exactness, bad inputs, and the peer bugs B17 (processors honoured on
-  every path) and B24 (the bonus token's KV: a self-draft accepts everything for every γ).
+* EOS / ``max_new_tokens`` exactness, bad inputs, and two peer bugs: processors honoured on every
+  path (sgl-project/sglang#10617) and the bonus token's KV (vllm-project/vllm#9730: a self-draft
+  accepts everything for every γ).
 
 False-positive budget: ``FALSE_POSITIVE_BUDGET = 1e-3`` for the file, split evenly (Bonferroni)
 over the ``NUM_CHI_SQUARE_TESTS`` chi-square tests that must accept; the negative control must
@@ -448,7 +449,7 @@ def processed_support(model, prefix, settings):
 @pytest.mark.parametrize(
     "settings", [{"top_k": 3}, {"top_p": 0.5, "temperature": 0.7}], ids=["top_k", "top_p"]
 )
-def test_b17_every_processor_on_every_path(pair, settings):
+def test_every_processor_on_every_path(pair, settings):
     """Every emitted token lies in the processed target support at its position, and every
     drafted token in the processed draft support below its parent: chain, tree, batch,
     n-gram and plain paths."""
@@ -483,7 +484,7 @@ def test_b17_every_processor_on_every_path(pair, settings):
 
 
 @pytest.mark.parametrize("gamma", [1, 2, 3, 5])
-def test_b24_self_draft_accepts_every_position(gamma):
+def test_self_draft_accepts_every_position(gamma):
     """With the target as its own draft (float64) every drafted token is accepted in every
     round for every γ: a stale or missing bonus-token KV entry in either cache would make
     ``q != p`` after the first round and reject."""

