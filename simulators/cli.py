@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,34 +27,276 @@ from specsampling.compare import parse_shape
 from specsampling.errors import InvalidDistribution, UnsupportedShape
 
 
+def _number(text: str, integer: bool) -> float:
+    try:
+        value = int(text) if integer else float(text)
+    except ValueError:
+        kind = "an integer" if integer else "a number"
+        raise argparse.ArgumentTypeError(f"expected {kind}, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def _items(text: str) -> list[str]:
+    items = [item.strip() for item in text.split(",")]
+    if not all(items):
+        raise argparse.ArgumentTypeError(f"expected comma-separated values, got {text!r}")
+    return items
+
+
+def _temperatures(text: str) -> list[float]:
+    values = [_number(item, integer=False) for item in _items(text)]
+    if any(value < 0 for value in values):
+        raise argparse.ArgumentTypeError(f"expected temperatures >= 0 (0: greedy), got {text!r}")
+    return values
+
+
+def _budgets(text: str) -> list[int]:
+    values = [int(_number(item, integer=True)) for item in _items(text)]
+    if any(value < 1 for value in values):
+        raise argparse.ArgumentTypeError(f"expected node budgets >= 1, got {text!r}")
+    return values
+
+
+def _positive_int(text: str) -> int:
+    value = int(_number(text, integer=True))
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def _positive(text: str) -> float:
+    value = _number(text, integer=False)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
+def _shape(text: str) -> Any:
+    try:
+        return parse_shape(text)
+    except (ValueError, UnsupportedShape) as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _cost(text: str) -> Any:
+    """A :class:`~specsampling.simulators.cost.CostModel` read from a JSON file."""
+    from .cost import CostModel
+
+    try:
+        data = json.loads(Path(text).read_text(encoding="utf-8"))
+    except OSError as err:
+        raise argparse.ArgumentTypeError(f"{text!r}: cannot read ({err.strerror or err})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise argparse.ArgumentTypeError(f"{text!r} is not valid JSON ({err})") from None
+    try:
+        return CostModel.from_dict(data)
+    except (TypeError, ValueError) as err:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a cost model as CostModel.as_dict writes it: {err}"
+        ) from None
+
+
 def parser() -> argparse.ArgumentParser:
+    """The parser of ``specsampling simulate`` (every option with its help and default)."""
     made = argparse.ArgumentParser(
         prog="specsampling simulate",
         description="Monte-Carlo block efficiency of schemes x shapes x temperatures x budgets on "
-        "a synthetic LLM-like pair or on recorded real-model trees (needs torch).",
+        "a synthetic LLM-like pair or on recorded real-model trees (needs torch). Every "
+        "argument, and the --json and --plots destinations, is checked before any work.",
     )
-    made.add_argument("--schemes", default="traversal,specinfer,spectr,nss")
-    made.add_argument("--shapes", nargs="*", default=None, help="e.g. 'paths(2, 3)' 'chain(4)'")
-    made.add_argument("--budgets", default=None, help="node budgets for the shape search, e.g. 4,8")
-    made.add_argument("--families", default=None, help="shape families searched, e.g. chain,paths")
-    made.add_argument("--num-trees", type=int, default=256)
-    made.add_argument("--method", default="rao-blackwell", choices=("rao-blackwell", "plain"))
-    made.add_argument("--seed", type=int, default=0, help="the Monte-Carlo seed")
+    made.add_argument(
+        "--schemes",
+        default="traversal,specinfer,spectr,nss",
+        metavar="A,B",
+        help="comma-separated tree schemes (default: %(default)s)",
+    )
+    made.add_argument(
+        "--shapes",
+        nargs="*",
+        default=None,
+        type=_shape,
+        metavar="SHAPE",
+        help="draft shapes, e.g. 'paths(2, 3)' 'chain(4)' (default: 'paths(2, 3)' unless "
+        "--budgets is given; not with --recorded, whose trees have their own shape)",
+    )
+    made.add_argument(
+        "--budgets",
+        default=None,
+        type=_budgets,
+        metavar="N,M",
+        help="node budgets for the verifier-aware shape search, e.g. 4,8 (default: no search; "
+        "not with --recorded)",
+    )
+    made.add_argument(
+        "--families",
+        default=None,
+        type=_items,
+        metavar="F,G",
+        help="shape families searched, e.g. chain,paths (default: the search's own families)",
+    )
+    made.add_argument(
+        "--num-trees",
+        type=_positive_int,
+        default=256,
+        metavar="N",
+        help="Monte-Carlo trees per estimate (default: %(default)s)",
+    )
+    made.add_argument(
+        "--method",
+        default="rao-blackwell",
+        choices=("rao-blackwell", "plain"),
+        help="the estimator (default: %(default)s)",
+    )
+    made.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        metavar="INT",
+        help="the Monte-Carlo seed (default: %(default)s)",
+    )
     pair = made.add_argument_group("synthetic pair (ignored with --recorded)")
-    pair.add_argument("--vocab-size", type=int, default=32000)
-    pair.add_argument("--pair-seed", type=int, default=0)
-    pair.add_argument("--temperatures", default="1.0")
-    pair.add_argument("--divergence", type=float, default=0.5)
-    pair.add_argument("--zipf", type=float, default=1.5)
-    pair.add_argument("--spread", type=float, default=0.5)
-    pair.add_argument("--depth-growth", type=float, default=0.0)
-    made.add_argument("--recorded", default=None, help="a file written by simulators.record")
-    made.add_argument("--cost-ratio", type=float, default=None, help="draft/target forward cost")
-    made.add_argument("--cost", default=None, help="a CostModel as JSON (CostModel.as_dict)")
-    made.add_argument("--json", default=None, help="write the rows as JSON to this file")
-    made.add_argument("--plots", default=None, help="write the plots into this directory")
-    made.add_argument("--no-progress", action="store_true")
+    pair.add_argument(
+        "--vocab-size",
+        type=_positive_int,
+        default=32000,
+        metavar="V",
+        help="vocabulary size (default: %(default)s)",
+    )
+    pair.add_argument(
+        "--pair-seed",
+        type=int,
+        default=0,
+        metavar="INT",
+        help="seed of the synthetic pair (default: %(default)s)",
+    )
+    pair.add_argument(
+        "--temperatures",
+        default=[1.0],
+        type=_temperatures,
+        metavar="T,U",
+        help="comma-separated temperatures >= 0, one pair each (default: 1.0)",
+    )
+    pair.add_argument(
+        "--divergence",
+        type=float,
+        default=0.5,
+        metavar="X",
+        help="scale of the draft's logit noise at depth 0, 0: the target itself "
+        "(default: %(default)s)",
+    )
+    pair.add_argument(
+        "--zipf",
+        type=float,
+        default=1.5,
+        metavar="X",
+        help="exponent of the rank profile -zipf * ln(rank + 1) (default: %(default)s)",
+    )
+    pair.add_argument(
+        "--spread",
+        type=float,
+        default=0.5,
+        metavar="X",
+        help="standard deviation of the log-sharpness across contexts (default: %(default)s)",
+    )
+    pair.add_argument(
+        "--depth-growth",
+        type=float,
+        default=0.0,
+        metavar="X",
+        help="draft noise at depth d: divergence * (1 + depth_growth * d) (default: %(default)s)",
+    )
+    made.add_argument(
+        "--recorded",
+        default=None,
+        metavar="FILE",
+        help="trees recorded from real models by simulators.record (default: the synthetic pair)",
+    )
+    made.add_argument(
+        "--cost-ratio",
+        type=_positive,
+        default=None,
+        metavar="R",
+        help="draft/target forward cost ratio, for predicted speedups (default: none)",
+    )
+    made.add_argument(
+        "--cost",
+        default=None,
+        type=_cost,
+        metavar="FILE",
+        help="a CostModel as JSON (CostModel.as_dict), for predicted speedups (default: none)",
+    )
+    made.add_argument(
+        "--json",
+        default=None,
+        metavar="FILE",
+        help="write the rows as JSON to this file (default: not written)",
+    )
+    made.add_argument(
+        "--plots",
+        default=None,
+        metavar="DIR",
+        help="write the plots into this directory, made if missing (default: no plots)",
+    )
+    made.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bars on stderr (default: progress shown)",
+    )
     return made
+
+
+def _writable_dir(folder: Path, option: str) -> None:
+    """Refuse ``folder`` unless a file can be created in it."""
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        raise ValueError(f"{option}: cannot write into {str(folder)!r}: {err.strerror}") from None
+
+
+def check(args: argparse.Namespace) -> None:
+    """The checks that need more than one option, or the file system, before any work:
+    ``ValueError`` naming the option."""
+    if args.recorded is not None:
+        for option, value in (("--shapes", args.shapes), ("--budgets", args.budgets)):
+            if value:
+                raise ValueError(
+                    f"{option}: not with --recorded: recorded trees have their own shape (the "
+                    "one they were drafted with), and nothing new is drafted from them"
+                )
+        if not Path(args.recorded).is_file():
+            raise ValueError(f"--recorded: no such file: {args.recorded!r}")
+    if args.cost is not None and args.cost_ratio is not None:
+        raise ValueError("--cost-ratio: give --cost or --cost-ratio, not both")
+    if args.json:
+        target = Path(args.json)
+        if target.is_dir():
+            raise ValueError(f"--json: {args.json!r} is a directory")
+        if not target.parent.is_dir():
+            raise ValueError(f"--json: no directory {str(target.parent)!r} to write into")
+        _writable_dir(target.parent, "--json")
+    if args.plots:
+        folder = Path(args.plots)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ValueError(
+                f"--plots: cannot make the directory {args.plots!r}: {err.strerror}"
+            ) from None
+        _writable_dir(folder, "--plots")
+    from .estimators import resolve
+    from .search import FAMILIES
+
+    unknown = sorted(set(args.families or ()) - set(FAMILIES))
+    if unknown:
+        raise ValueError(f"--families: unknown {unknown}; expected some of {list(FAMILIES)}")
+    for name in _items(args.schemes):
+        try:
+            resolve(name)
+        except (ValueError, UnsupportedShape) as err:
+            raise ValueError(f"--schemes: {err}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -62,6 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as stop:
         return stop.code if isinstance(stop.code, int) else 0
     try:
+        check(args)
         rows, profiles = run(args)
     except ImportError as err:  # pragma: no cover - exercised only without torch
         sys.stderr.write(f"specsampling simulate: {err} (pip install 'specsampling[torch]')\n")
@@ -87,19 +332,17 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
     from .recorded import RecordedTrees
     from .search import search_shape
 
-    schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
+    schemes = _items(args.schemes)
     for name in schemes:
         resolve(name)
-    shapes = [parse_shape(s) for s in (args.shapes or [])]
-    budgets = [int(b) for b in args.budgets.split(",")] if args.budgets else []
+    shapes = list(args.shapes or [])
+    budgets = list(args.budgets or [])
     if not shapes and not budgets:
         if args.recorded is None:
             shapes = [parse_shape("paths(2, 3)")]
-    families = tuple(f.strip() for f in args.families.split(",")) if args.families else None
-    cost = None
-    if args.cost:
-        cost = cost_module.CostModel.from_dict(json.loads(Path(args.cost).read_text()))
-    elif args.cost_ratio is not None:
+    families = tuple(args.families) if args.families else None
+    cost = args.cost
+    if cost is None and args.cost_ratio is not None:
         cost = cost_module.CostModel.relative(draft_ratio=args.cost_ratio)
     progress = False if args.no_progress else None
     sources: list[tuple[float | None, Any]] = []
@@ -107,10 +350,8 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
         recorded = RecordedTrees.load(args.recorded)
         sources.append((recorded.meta.get("temperature"), recorded))
         shapes = [recorded.shape]
-        budgets = []
     else:
-        for text in args.temperatures.split(","):
-            t = float(text)
+        for t in args.temperatures:
             pair = Synthetic(
                 args.vocab_size,
                 seed=args.pair_seed,
@@ -275,4 +516,4 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
-__all__ = ["format_table", "main", "parser", "plot", "run"]
+__all__ = ["check", "format_table", "main", "parser", "plot", "run"]

@@ -495,3 +495,142 @@ def test_extras_commands_are_handed_their_arguments(
     assert main([command, "--no-such-option"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(usage) and f"specsampling {command}: error: " in err
+
+
+# ---------------------------------------------------------------- simulate: bad input
+
+
+@pytest.fixture
+def no_sweep(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sweep itself fails the test: refusals must come before any work."""
+    pytest.importorskip("torch")
+    from specsampling.simulators import cli as simulate_cli
+
+    monkeypatch.setattr(simulate_cli, "run", lambda args: pytest.fail("the sweep ran"))
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--temperatures", "abc"], "argument --temperatures: expected a number, got 'abc'"),
+        (["--temperatures", "1,-1"], "argument --temperatures: expected temperatures >= 0"),
+        (["--temperatures", "1,,2"], "argument --temperatures: expected comma-separated"),
+        (["--budgets", "x"], "argument --budgets: expected an integer, got 'x'"),
+        (["--budgets", "4,0"], "argument --budgets: expected node budgets >= 1"),
+        (["--num-trees", "0"], "argument --num-trees: expected an integer >= 1"),
+        (["--vocab-size", "big"], "argument --vocab-size: expected an integer"),
+        (["--cost-ratio", "-1"], "argument --cost-ratio: expected a number > 0"),
+        (["--shapes", "bad("], "argument --shapes: "),
+        (["--families", "chain,circle"], "--families: unknown ['circle']"),
+        (["--schemes", "traversal,nosuch"], "--schemes: scheme: unknown scheme 'nosuch'"),
+        (["--schemes", "gumbel"], "--schemes: scheme 'gumbel': the estimators verify drafted"),
+        (["--cost-ratio", "0.1", "--cost", "{cost}"], "--cost-ratio: give --cost or --cost-ratio"),
+    ],
+)
+def test_simulate_names_the_bad_option(
+    argv: list[str],
+    says: str,
+    tmp_path: Path,
+    no_sweep: None,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    cost = tmp_path / "cost.json"
+    cost.write_text(
+        json.dumps(
+            {"target_fixed": 1, "target_per_token": 0.1, "draft_fixed": 0.1, "draft_per_token": 0}
+        )
+    )
+    argv = [a.replace("{cost}", str(cost)) for a in argv]
+    assert main(["simulate", "--vocab-size", "16", *argv]) == 2
+    assert says in capsys.readouterr().err
+
+
+def test_simulate_names_a_bad_cost_file(
+    tmp_path: Path, no_sweep: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cases = {
+        "missing.json": None,
+        "bad.json": "{not json",
+        "list.json": "[1, 2]",
+        "keys.json": json.dumps({"target_fixed": 1.0}),
+    }
+    expected = {
+        "missing.json": "cannot read",
+        "bad.json": "is not valid JSON",
+        "list.json": "expected a mapping of costs",
+        "keys.json": "missing cost(s)",
+    }
+    for name, content in cases.items():
+        path = tmp_path / name
+        if content is not None:
+            path.write_text(content)
+        assert main(["simulate", "--cost", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert f"argument --cost: '{path}'" in err and expected[name] in err, err
+
+
+def test_simulate_refuses_unwritable_outputs_before_any_work(
+    tmp_path: Path, no_sweep: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    refusals = {
+        ("--json", str(tmp_path / "no-dir" / "rows.json")): "--json: no directory",
+        ("--json", str(a_file / "rows.json")): "--json: no directory",
+        ("--json", str(tmp_path)): "is a directory",
+        ("--plots", str(a_file)): "--plots: cannot make the directory",
+        ("--plots", str(a_file / "plots")): "--plots: cannot make the directory",
+    }
+    for (option, value), says in refusals.items():
+        assert main(["simulate", "--vocab-size", "16", option, value]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("specsampling simulate: ") and says in err, err
+
+
+def test_simulate_refuses_shapes_and_budgets_with_recorded_trees(
+    tmp_path: Path, no_sweep: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import specsampling.simulators as sim
+
+    pair = sim.pairs.Synthetic(vocab_size=12, seed=0)
+    path = sim.RecordedTrees.from_pair(pair, ss.Shape.chain(2), 4, generator=0).save(
+        tmp_path / "t.npz"
+    )
+    for extra, option in (
+        (["--shapes", "chain(3)"], "--shapes"),
+        (["--budgets", "4"], "--budgets"),
+    ):
+        assert main(["simulate", "--recorded", str(path), *extra]) == 2
+        err = capsys.readouterr().err
+        assert f"specsampling simulate: {option}: not with --recorded" in err
+        assert "recorded trees have their own shape" in err
+    assert main(["simulate", "--recorded", str(tmp_path / "none.npz")]) == 2
+    assert "--recorded: no such file" in capsys.readouterr().err
+
+
+def test_simulate_with_a_cost_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A valid --cost file is the cost model of the predicted speedups."""
+    pytest.importorskip("torch")
+    costs = {"target_fixed": 1.0, "target_per_token": 0.0, "draft_fixed": 0.0}
+    (tmp_path / "cost.json").write_text(json.dumps({**costs, "draft_per_token": 0.0}))
+    out = tmp_path / "rows.json"
+    argv = ["simulate", "--vocab-size", "16", "--schemes", "traversal", "--shapes", "chain(2)"]
+    argv += ["--num-trees", "8", "--no-progress", "--cost", str(tmp_path / "cost.json")]
+    assert main([*argv, "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())
+    # free drafts and one target forward per round: the speedup is the block efficiency
+    assert row["predicted_speedup"] == pytest.approx(row["block_efficiency"])
+    assert "speedup" in capsys.readouterr().out
+
+
+def test_simulate_every_option_has_help_with_its_default() -> None:
+    pytest.importorskip("torch")
+    from specsampling.simulators import cli as simulate_cli
+
+    made = simulate_cli.parser()
+    text = " ".join(made.format_help().split())
+    options = [a for a in made._actions if a.option_strings and a.dest != "help"]
+    assert len(options) >= 18
+    for action in options:
+        assert action.help and "default" in action.help, action.option_strings
+        assert " ".join((action.help % {"default": action.default}).split()) in text
