@@ -28,6 +28,7 @@ Reference: Weng et al., "Traversal Verification for Speculative Tree Decoding", 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from .._types import Probs
@@ -104,39 +105,41 @@ class Traversal(TreeScheme):
             self.reject(state, leaf)
 
     def verdict_law(self, tree: DraftTree, target_probs: Probs, draft_probs: Probs) -> VerdictLaw:
-        self.check_round(tree, target_probs, draft_probs)
-        state = TraversalState(tree, target_probs, draft_probs)
         law: VerdictLaw = {}
-        remaining: Any = 1
-        while remaining > 0:
-            leaf = state.first_leaf()
-            accept = 1 if leaf == 0 else min(max(state.weight[leaf], 0), 1)
-            bonus = self.bonus(state, leaf)
-            for token, mass in enumerate(bonus):
-                if mass > 0 and accept > 0:
-                    law[Verdict(leaf, token)] = remaining * accept * mass
-            remaining = remaining * (1 - accept)
-            if leaf == 0:
-                break
-            self.reject(state, leaf)
+        for leaf, weight, state in self.accepted_leaves(tree, target_probs, draft_probs):
+            for token, mass in enumerate(self.bonus(state, leaf)):
+                if mass > 0:
+                    law[Verdict(leaf, token)] = weight * mass
         return law
 
     def verdict_nodes(self, tree: DraftTree, target_probs: Probs, draft_probs: Probs) -> NodeLaw:
         """The law of :meth:`verdict_law` by node: the same leaf sequence, no token lists."""
+        law: NodeLaw = {}
+        for leaf, weight, _ in self.accepted_leaves(tree, target_probs, draft_probs):
+            law[leaf] = law.get(leaf, 0) + weight
+        return law
+
+    def accepted_leaves(
+        self, tree: DraftTree, target_probs: Probs, draft_probs: Probs
+    ) -> Iterator[tuple[int, Any, TraversalState]]:
+        """The single reject-...-accept chain of tests, exactly: ``(leaf, P(the round accepts
+        at this leaf), state)`` for every leaf tested with a positive acceptance, in order.
+
+        ``state`` holds the leaf's current distributions (its bonus is
+        :meth:`bonus` of it) until the next item, when the leaf is rejected and deleted.
+        """
         self.check_round(tree, target_probs, draft_probs)
         state = TraversalState(tree, target_probs, draft_probs)
-        law: NodeLaw = {}
         remaining: Any = 1
         while remaining > 0:
             leaf = state.first_leaf()
             accept = 1 if leaf == 0 else min(max(state.weight[leaf], 0), 1)
             if accept > 0:
-                law[leaf] = law.get(leaf, 0) + remaining * accept
+                yield leaf, remaining * accept, state
             remaining = remaining * (1 - accept)
             if leaf == 0:
                 break
             self.reject(state, leaf)
-        return law
 
     # Hooks the mutant catalogue overrides.
     def bonus(self, state: TraversalState, leaf: int) -> Probs:
