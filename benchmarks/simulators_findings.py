@@ -61,6 +61,28 @@ def comparison_rows(out: sim.Comparison, shape: ss.Shape) -> list[list[str]]:
     return rows
 
 
+COMPARISON_HEADER = ["shape", "scheme or paired difference", "E[tau+1] [95% CI]", "relative"]
+DEPTH_HEADER = [
+    "scheme",
+    "depth d",
+    "P(tau >= d) [95% CI]",
+    "acceptance at d",
+    "mean |p - q|_1 at depth d - 1",
+]
+
+
+def depth_rows(source: object, shape: ss.Shape | None, num_trees: int | None) -> list[list[str]]:
+    """Acceptance against depth for traversal and SpecInfer on the same source (parts B, D)."""
+    rows = []
+    for name in ("traversal", "specinfer"):
+        prof = sim.depth_profile(name, source, shape, num_trees, generator=0)
+        for d, (r, a, l1) in enumerate(
+            zip(prof.reach, prof.acceptance, prof.distance, strict=True)
+        ):
+            rows.append([name, str(d + 1), ci(r), f"{a:.3f}", f"{l1:.3f}"])
+    return rows
+
+
 def main() -> None:
     made = parser(__doc__)
     made.add_argument("--trees", type=int, default=512)
@@ -85,30 +107,13 @@ def main() -> None:
         )
     sections.append(
         f"## A. Matched i.i.d. multi-path drafting, synthetic pair\n\n`{pair!r}`, "
-        f"{args.trees} trees per shape.\n\n"
-        + table(["shape", "scheme or paired difference", "E[tau+1] [95% CI]", "relative"], rows)
+        f"{args.trees} trees per shape.\n\n" + table(COMPARISON_HEADER, rows)
     )
 
-    rows = []
     shape = ss.Shape.paths(2, 4)
-    for name in ("traversal", "specinfer"):
-        prof = sim.depth_profile(name, pair, shape, args.trees, generator=0)
-        for d, (r, a, l1) in enumerate(
-            zip(prof.reach, prof.acceptance, prof.distance, strict=True)
-        ):
-            rows.append([name, str(d + 1), ci(r), f"{a:.3f}", f"{l1:.3f}"])
     sections.append(
         f"## B. Acceptance against depth, synthetic pair, {shape!r}\n\n"
-        + table(
-            [
-                "scheme",
-                "depth d",
-                "P(tau >= d) [95% CI]",
-                "acceptance at d",
-                "mean |p - q|_1 at depth d - 1",
-            ],
-            rows,
-        )
+        + table(DEPTH_HEADER, depth_rows(pair, shape, args.trees))
     )
 
     rows = []
@@ -135,28 +140,12 @@ def main() -> None:
         trees = sim.RecordedTrees.load(recorded)
         out = sim.compare(OT_SCHEMES, trees, generator=0)
         rows = comparison_rows(out, trees.shape)
-        prof_rows = []
-        for name in ("traversal", "specinfer"):
-            prof = sim.depth_profile(name, trees, generator=0)
-            for d, (r, a, l1) in enumerate(
-                zip(prof.reach, prof.acceptance, prof.distance, strict=True)
-            ):
-                prof_rows.append([name, str(d + 1), ci(r), f"{a:.3f}", f"{l1:.3f}"])
         sections.append(
             f"## D. Recorded Qwen2.5-Coder trees\n\n`{recorded.name}`:\n\n"
             f"```text\n{trees.summary()}\n```\n\n"
-            + table(["shape", "scheme or paired difference", "E[tau+1] [95% CI]", "relative"], rows)
+            + table(COMPARISON_HEADER, rows)
             + "\n\nAcceptance against depth on the same trees:\n\n"
-            + table(
-                [
-                    "scheme",
-                    "depth d",
-                    "P(tau >= d) [95% CI]",
-                    "acceptance at d",
-                    "mean |p - q|_1 at depth d - 1",
-                ],
-                prof_rows,
-            )
+            + table(DEPTH_HEADER, depth_rows(trees, None, None))
         )
         rows = []
         gaps: dict[str, list[float]] = {}
