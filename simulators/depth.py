@@ -22,7 +22,7 @@ import numpy as np
 
 from specsampling.shapes import Shape
 
-from .estimators import _run, node_law, resolve
+from .estimators import _rounds, node_law
 from .stats import Estimate
 
 
@@ -74,12 +74,15 @@ def depth_profile(
     >>> abs(prof.block_efficiency - 19 / 9) < 0.1
     True
     """
+    planned = _rounds([scheme], source, shape, num_trees, "rao-blackwell", generator, prefix,
+                      None, progress)  # fmt: skip
+    (obj,) = planned.schemes
+    used = planned.shape
+    depth = used.depth if isinstance(used, Shape) else min(used.budget, used.max_depth)
     reach_rows: list[np.ndarray] = []
     sums: dict[int, float] = {}
     counts: dict[int, int] = {}
-
-    def consume(batch: Any) -> None:
-        """Fold one batch into the profile and let it go (tables are ``[B, N, V]``)."""
+    for batch in planned.batches:  # folded into the profile and let go ([B, N, V] tables)
         trees = batch.trees.to_trees()
         sizes = batch.trees.num_nodes.tolist()
         target = batch.target.cpu().numpy()
@@ -98,25 +101,6 @@ def depth_profile(
                         np.abs(target[b, node] - draft[b, node]).sum()
                     )
                     counts[d] = counts.get(d, 0) + 1
-
-    obj = resolve(scheme)
-    if shape is not None and not hasattr(source, "batches"):
-        resolve(scheme, shape)
-    used = source.check_shape(shape) if hasattr(source, "batches") else shape
-    depth = used.depth if isinstance(used, Shape) else min(used.budget, used.max_depth)
-    _run(
-        [scheme],
-        source,
-        shape,
-        num_trees,
-        "rao-blackwell",
-        generator,
-        prefix,
-        None,
-        progress,
-        on_batch=consume,
-        values=False,
-    )
     values = np.array(reach_rows)
     reach = tuple(Estimate.of(values[:, d], "rao-blackwell") for d in range(depth))
     acceptance = []

@@ -27,8 +27,8 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -187,19 +187,31 @@ class _Progress:
             )
 
 
-def _run(
+class _Rounds(NamedTuple):
+    """A checked request for rounds, the front :func:`estimate`, :func:`compare` and
+    :func:`~specsampling.simulators.depth.depth_profile` share: the resolved schemes, the shape
+    (or tree policy) the trees are drafted with, and the batches of drafted trees (lazy, with
+    the progress bar) with the generator of their verification noise."""
+
+    schemes: list[TreeVerifier]
+    shape: Any
+    batches: Iterator[Drafted]
+    generator: torch.Generator
+
+
+def _rounds(
     schemes: Sequence[Any],
     source: Any,
-    shape: Shape | None,
+    shape: Any,
     num_trees: int | None,
     method: str,
     generator: Any,
     prefix: Sequence[int] | None,
     batch_size: int | None,
     progress: bool | None,
-    on_batch: Callable[[Drafted], None] | None = None,
-    values: bool = True,
-) -> tuple[list[TreeVerifier], np.ndarray, np.ndarray | None, Any]:
+) -> _Rounds:
+    """Check the arguments of :func:`estimate` (``schemes`` one or more of its ``scheme``) and
+    plan the rounds: the one place they are checked."""
     if method not in METHODS:
         raise ValueError(f"method: expected one of {METHODS}, got {method!r}")
     if num_trees is None:
@@ -227,18 +239,27 @@ def _run(
     torch_generator = torch.Generator().manual_seed(int(rng.integers(2**63)))
     label = ", ".join(o.name for o in objs)
     bar = _Progress(f"{label} on {shape!r}", int(num_trees), progress)
-    parts, plains = [], []
+    return _Rounds(objs, shape, _counted(batches, bar), torch_generator)
+
+
+def _counted(batches: Iterable[Drafted], bar: _Progress) -> Iterator[Drafted]:
+    """``batches``, the progress bar advanced after each."""
     for batch in batches:
-        if on_batch is not None:
-            on_batch(batch)
-        if values:
-            got, plain = _values(objs, batch, method, torch_generator)
-            parts.append(got)
-            if plain is not None:
-                plains.append(plain)
+        yield batch
         bar.add(batch.trees.batch_size)
-    table = np.concatenate(parts, axis=1) if parts else np.zeros((len(objs), 0))
-    return objs, table, (np.concatenate(plains, axis=1) if plains else None), shape
+
+
+def _run(planned: _Rounds, method: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """Per scheme and tree ``[S, T]``: the method's values, and the plain values (when every
+    scheme has a lowering) for the variance ratio."""
+    parts, plains = [], []
+    for batch in planned.batches:
+        got, plain = _values(planned.schemes, batch, method, planned.generator)
+        parts.append(got)
+        if plain is not None:
+            plains.append(plain)
+    table = np.concatenate(parts, axis=1) if parts else np.zeros((len(planned.schemes), 0))
+    return table, (np.concatenate(plains, axis=1) if plains else None)
 
 
 def _ratio(plain: np.ndarray, values: np.ndarray) -> float:
@@ -296,11 +317,12 @@ def estimate(
     >>> est.ci[0] < 19 / 9 < est.ci[1], est.variance_ratio > 1
     (True, True)
     """
-    _, values, plain, _ = _run(
-        [scheme], source, shape, num_trees, method, generator, prefix, batch_size, progress
-    )
-    ratio = None if plain is None else _ratio(plain[0], values[0])
-    return Estimate.of(values[0], method, ratio)
+    out = compare(
+        [scheme], source, shape, num_trees, method, generator,
+        prefix=prefix, batch_size=batch_size, progress=progress,
+    )  # fmt: skip
+    (only,) = out.estimates.values()
+    return only
 
 
 def compare(
@@ -337,9 +359,10 @@ def compare(
     labels = [resolve(s).name for s in names]
     if len(set(labels)) != len(labels):
         raise ValueError(f"schemes: each scheme once, got {labels}")
-    _, values, plain, used = _run(
+    planned = _rounds(
         names, source, shape, num_trees, method, generator, prefix, batch_size, progress
     )
+    values, plain = _run(planned, method)
     estimates = {
         label: Estimate.of(
             values[i], method, None if plain is None else _ratio(plain[i], values[i])
@@ -352,7 +375,7 @@ def compare(
         for j, b in enumerate(labels)
         if i < j
     }
-    return Comparison(estimates, differences, method, int(values.shape[1]), used)
+    return Comparison(estimates, differences, method, int(values.shape[1]), planned.shape)
 
 
 __all__ = [
