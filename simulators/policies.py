@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import heapq
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 
@@ -38,8 +40,12 @@ from specsampling.validation import check_positive_int
 from .sources import draft_at
 
 
-class _Policy:
-    law = DrawLaw.DETERMINISTIC
+class _Policy(ABC):
+    """What a tree source needs of a policy (:func:`~specsampling.simulators.sources.draft_batches`
+    drafts with any object that has ``draft_trees``): the trees' ``law``, ``max_nodes`` for the
+    batch size, and :meth:`draft_trees`."""
+
+    law: ClassVar[DrawLaw] = DrawLaw.DETERMINISTIC
     budget: int
 
     @property
@@ -47,10 +53,12 @@ class _Policy:
         """Nodes of the largest tree (the root included)."""
         return 1 + self.budget
 
+    @abstractmethod
     def draft_trees(self, pair: Any, roots: Sequence[tuple[int, ...]]) -> list[ss.DraftTree]:
-        raise NotImplementedError
+        """One tree per root context, drafted after it from ``pair``'s draft."""
 
 
+@dataclass(frozen=True, repr=False)
 class HeapTree(_Policy):
     """DDTree's best-first tree: the ``budget`` draft-likeliest prefixes of each context.
 
@@ -70,21 +78,20 @@ class HeapTree(_Policy):
     [(0,), (0, 0), (0, 0, 0)]
     """
 
-    def __init__(self, budget: int, max_depth: int | None = None) -> None:
-        self.budget = check_positive_int(budget, "budget")
-        self.max_depth = (
-            self.budget if max_depth is None else check_positive_int(max_depth, "max_depth")
+    budget: int
+    max_depth: int | None = None  # resolved to ``budget`` when not given
+
+    def __post_init__(self) -> None:
+        budget = check_positive_int(self.budget, "budget")
+        depth = (
+            budget if self.max_depth is None else check_positive_int(self.max_depth, "max_depth")
         )
+        object.__setattr__(self, "budget", budget)
+        object.__setattr__(self, "max_depth", depth)
 
     def __repr__(self) -> str:
         depth = "" if self.max_depth == self.budget else f", max_depth={self.max_depth}"
         return f"HeapTree({self.budget}{depth})"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, HeapTree) and repr(other) == repr(self)
-
-    def __hash__(self) -> int:
-        return hash(repr(self))
 
     def draft_trees(self, pair: Any, roots: Sequence[tuple[int, ...]]) -> list[ss.DraftTree]:
         """One tree per root context."""
@@ -128,6 +135,7 @@ class HeapTree(_Policy):
         return [ss.DraftTree.from_draws(d, law=self.law) for d in draws]
 
 
+@dataclass(frozen=True, repr=False)
 class OptTree(_Policy):
     """OPT-Tree's layer-wise greedy tree: per layer, the ``width`` likeliest children.
 
@@ -152,17 +160,23 @@ class OptTree(_Policy):
     [(0,), (1,), (0, 0), (0, 1)]
     """
 
-    def __init__(
-        self, budget: int, width: int | None = None, threshold: float = 0.0, max_depth: int = 10
-    ) -> None:
-        self.budget = check_positive_int(budget, "budget")
-        self.width = self.budget if width is None else check_positive_int(width, "width")
+    budget: int
+    width: int | None = None  # resolved to ``budget`` when not given
+    threshold: float = 0.0
+    max_depth: int = 10
+
+    def __post_init__(self) -> None:
+        budget = check_positive_int(self.budget, "budget")
+        width = budget if self.width is None else check_positive_int(self.width, "width")
+        threshold = self.threshold
         if not (
             isinstance(threshold, (int, float)) and math.isfinite(threshold) and threshold >= 0
         ):
             raise ValueError(f"threshold: expected a finite number >= 0, got {threshold!r}")
-        self.threshold = float(threshold)
-        self.max_depth = check_positive_int(max_depth, "max_depth")
+        object.__setattr__(self, "budget", budget)
+        object.__setattr__(self, "width", width)
+        object.__setattr__(self, "threshold", float(threshold))
+        object.__setattr__(self, "max_depth", check_positive_int(self.max_depth, "max_depth"))
 
     def __repr__(self) -> str:
         parts = [str(self.budget)]
@@ -173,12 +187,6 @@ class OptTree(_Policy):
         if self.max_depth != 10:
             parts.append(f"max_depth={self.max_depth}")
         return f"OptTree({', '.join(parts)})"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, OptTree) and repr(other) == repr(self)
-
-    def __hash__(self) -> int:
-        return hash(repr(self))
 
     def draft_trees(self, pair: Any, roots: Sequence[tuple[int, ...]]) -> list[ss.DraftTree]:
         """One tree per root context."""

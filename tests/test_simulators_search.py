@@ -15,6 +15,7 @@ import pytest
 import specsampling as ss
 from specsampling import simulators as sim
 from specsampling.cli import main
+from specsampling.simulators import policies
 from specsampling.simulators.policies import HeapTree, OptTree
 
 ROOT = (1, 2, 0, 3)
@@ -50,6 +51,31 @@ def test_opt_tree_layers_and_threshold() -> None:
     # = 0.7 does not pass 0.75.
     short = OptTree(6, width=2, threshold=0.75).draft_trees(pair, [()])[0]
     assert short.num_nodes == 3
+
+
+def test_policies_are_frozen_values() -> None:
+    assert HeapTree(6) == HeapTree(6, max_depth=6) and hash(HeapTree(6)) == hash(HeapTree(6, 6))
+    assert HeapTree(6) != HeapTree(6, max_depth=3) and HeapTree(6) != OptTree(6)
+    assert OptTree(4) == OptTree(4, width=4, threshold=0, max_depth=10)
+    assert len({OptTree(4), OptTree(4, width=4), OptTree(4, width=2)}) == 2
+    assert repr(OptTree(4, width=2, threshold=0.5)) == "OptTree(4, width=2, threshold=0.5)"
+    assert repr(HeapTree(6, max_depth=3)) == "HeapTree(6, max_depth=3)"
+    with pytest.raises(AttributeError):
+        HeapTree(6).budget = 3  # type: ignore[misc]
+    for bad, match in [
+        (lambda: HeapTree(0), "budget"),
+        (lambda: HeapTree(3, max_depth=0), "max_depth"),
+        (lambda: OptTree(3, width=0), "width"),
+        (lambda: OptTree(3, threshold=float("nan")), "threshold"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            bad()
+
+    class NoTrees(policies._Policy):  # a policy must say how it drafts
+        budget = 2
+
+    with pytest.raises(TypeError, match="draft_trees"):
+        NoTrees()  # type: ignore[abstract]
 
 
 def test_nss_on_policy_trees_is_the_closed_form() -> None:
