@@ -142,13 +142,28 @@ def tables_for(
     return Drafted(batch, *tables_batch(target_rows, draft_rows), tuple(roots))
 
 
+class _Known(NamedTuple):
+    """Distributions already computed at some prefixes of each row: ``hashes``, ``lengths`` and
+    ``valid`` ``[B, K]``, ``target`` and ``draft`` ``[B, K, V]`` (any values where not valid)."""
+
+    hashes: torch.Tensor
+    lengths: torch.Tensor
+    valid: torch.Tensor
+    target: torch.Tensor
+    draft: torch.Tensor
+
+
 def _synthetic_batch(
     pair: Synthetic, shape: Shape, roots: list[tuple[int, ...]], noise: torch.Tensor
 ) -> Drafted:
+    """Draft on torch, level by level. Each level's frontier gets both distributions in one
+    call; drafting reads the draft, and :func:`node_tables` reuses both at the expanded nodes
+    (a node's distributions are a pure function of its prefix's hash and length)."""
     device = pair.device
     root_hash = pair.hash_prefixes(roots)  # [B]
     root_len = torch.tensor([len(r) for r in roots], dtype=torch.long, device=device)
     vocab = pair.vocab_size
+    levels: list[_Known] = []
 
     def source(frontier: drafting.Frontier) -> torch.Tensor:
         batch, slots = frontier.exists.shape
@@ -157,10 +172,16 @@ def _synthetic_batch(
         for column in range(paths.shape[-1]):
             hashes = pair.extend(hashes, paths[..., column].clamp_min(0))
         lengths = (root_len[:, None] + paths.shape[-1]).expand(batch, slots)
-        real = frontier.exists.to(device).reshape(-1)
-        out = torch.zeros(batch * slots, vocab, dtype=torch.float64, device=device)
-        out[real] = pair.draft_probs(hashes.reshape(-1)[real], lengths.reshape(-1)[real])
-        return out.reshape(batch, slots, vocab)
+        real = frontier.exists.to(device)  # [B, F]
+        flat = real.reshape(-1)
+        target = torch.zeros(batch * slots, vocab, dtype=torch.float64, device=device)
+        draft = torch.zeros_like(target)
+        target[flat], draft[flat] = pair.node_probs(
+            hashes.reshape(-1)[flat], lengths.reshape(-1)[flat]
+        )
+        shaped = (batch, slots, vocab)
+        levels.append(_Known(hashes, lengths, real, target.reshape(shaped), draft.reshape(shaped)))
+        return draft.reshape(shaped)
 
     drafter = drafting.TreeDrafter(shape, len(roots), device)
     noise = noise.to(device)
@@ -168,14 +189,20 @@ def _synthetic_batch(
         columns = list(drafter.levels[drafter.level])
         drafter.next_level(source(drafter.frontier), noise[:, columns])
     trees = drafter.finish()
-    target, draft = node_tables(pair, trees, root_hash, root_len)
+    known = _Known(*(torch.cat(parts, dim=1) for parts in zip(*levels, strict=True)))
+    target, draft = node_tables(pair, trees, root_hash, root_len, known)
     return Drafted(trees, target, draft, tuple(roots))
 
 
 def node_tables(
-    pair: Synthetic, trees: TreeBatch, root_hash: torch.Tensor, root_len: torch.Tensor
+    pair: Synthetic,
+    trees: TreeBatch,
+    root_hash: torch.Tensor,
+    root_len: torch.Tensor,
+    known: _Known | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Target and draft tables ``[B, N, V]`` of every node of ``trees`` (zeros on padding)."""
+    """Target and draft tables ``[B, N, V]`` of every node of ``trees`` (zeros on padding),
+    copied from ``known`` where a node's prefix (hash and length) is there, computed otherwise."""
     batch, nodes = trees.parents.shape
     hashes = [root_hash]
     for node in range(1, nodes):
@@ -183,14 +210,26 @@ def node_tables(
         parent_hash = torch.stack(hashes, dim=1).gather(1, parent[:, None])[:, 0]
         hashes.append(pair.extend(parent_hash, trees.tokens[:, node].clamp_min(0)))
     words = torch.stack(hashes, dim=1)  # [B, N]
-    lengths = root_len[:, None] + trees.depth.clamp_min(0)
-    real = trees.real_nodes().reshape(-1)
-    target = torch.zeros(batch * nodes, pair.vocab_size, dtype=torch.float64, device=pair.device)
-    draft = torch.zeros_like(target)
-    t, d = pair.node_probs(words.reshape(-1)[real], lengths.reshape(-1)[real])
-    target[real], draft[real] = t, d
+    lengths = root_len[:, None] + trees.depth.clamp_min(0)  # [B, N]
+    real = trees.real_nodes()  # [B, N]
     shape = (batch, nodes, pair.vocab_size)
-    return target.reshape(shape), draft.reshape(shape)
+    target = torch.zeros(shape, dtype=torch.float64, device=pair.device)
+    draft = torch.zeros_like(target)
+    missing = real
+    if known is not None:
+        same = (
+            (words[:, :, None] == known.hashes[:, None, :])
+            & (lengths[:, :, None] == known.lengths[:, None, :])
+            & known.valid[:, None, :]
+        )  # [B, N, K]
+        found = real & same.any(-1)  # [B, N]
+        row, node = found.nonzero(as_tuple=True)  # [F] each
+        slot = same[row, node].to(torch.int8).argmax(-1)  # [F]: a known entry of that prefix
+        target[row, node] = known.target[row, slot]
+        draft[row, node] = known.draft[row, slot]
+        missing = real & ~found
+    target[missing], draft[missing] = pair.node_probs(words[missing], lengths[missing])
+    return target, draft
 
 
 __all__ = [

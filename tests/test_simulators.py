@@ -62,6 +62,54 @@ def test_synthetic_batched_face_equals_the_model_pair_face() -> None:
     assert torch.equal(longer, pair.hash_prefixes([(*ROOT, 5)]))
 
 
+@pytest.mark.parametrize(
+    "pair",
+    [
+        sim.pairs.Synthetic(vocab_size=300, seed=1, depth_growth=0.5),
+        sim.pairs.Synthetic(vocab_size=40, seed=2, top_k=3),  # i.i.d. duplicates, exhausted rows
+        sim.pairs.Synthetic(vocab_size=40, seed=3, temperature=0.0),
+        sim.pairs.Synthetic(vocab_size=40, seed=4, top_p=0.8, temperature=0.7),
+    ],
+    ids=repr,
+)
+def test_synthetic_batches_reuse_the_drafting_distributions_bit_for_bit(pair) -> None:
+    """The tables of a drafted batch reuse the distributions drafting computed at the expanded
+    nodes: bit-equal to computing every node afresh, with fewer rows evaluated, and the trees
+    are the per-node drafter's."""
+    calls: list[int] = []
+    node_probs = pair.node_probs
+
+    def counted(hashes, lengths, *args):  # type: ignore[no-untyped-def]
+        calls.append(int(hashes.shape[0]))
+        return node_probs(hashes, lengths, *args)
+
+    shapes = [ss.Shape.paths(2, 3), ss.Shape.star(3, replacement=False), ss.Shape.chain(3)]
+    shapes += [ss.Shape.delayed(2, trunk=1, branch=2), ss.Shape.branching((2, 2))]
+    shapes += [ss.Shape.greedy((2, 1)), ss.Shape.hub(2)]
+    roots = pair.roots(6, np.random.default_rng(0))
+    root_hash = pair.hash_prefixes(roots)
+    root_len = torch.tensor([len(r) for r in roots])
+    for shape in shapes:
+        noise = torch.from_numpy(np.random.default_rng(1).random((6, len(shape.steps))))
+        pair.node_probs = counted  # type: ignore[method-assign]
+        calls.clear()
+        try:
+            batch = sim.sources._synthetic_batch(pair, shape, roots, noise)
+        finally:
+            del pair.node_probs
+        target, draft = sim.sources.node_tables(pair, batch.trees, root_hash, root_len)
+        assert torch.equal(batch.target, target) and torch.equal(batch.draft, draft), shape
+        real = int(batch.trees.real_nodes().sum())
+        expanded = sum(
+            bool(tree.candidates[n])
+            for tree in batch.trees.to_trees()
+            for n in range(tree.num_nodes)
+        )
+        assert calls[-1] == real - expanded, shape  # the tables compute the leaves alone
+        trees = ss.gpu.drafting.draft(shape, pair, noise, prefix=roots)
+        assert batch.trees.to_trees() == trees.to_trees(), shape
+
+
 def test_synthetic_knobs() -> None:
     same = sim.pairs.Synthetic(vocab_size=64, seed=0, divergence=0.0)
     assert np.array_equal(same.target(ROOT), same.draft(ROOT))
