@@ -1,6 +1,6 @@
 """Benchmark: speculative decoding of real models on CPU, against plain and HF assisted generation.
 
-Run from the repository root (the models are fetched once into the cache, ``gpu/hf/models.py``)::
+Run from the repository root (the models are fetched once into the cache, ``gpu/hf/weights.py``)::
 
     python benchmarks/decode.py          # the full run: 20 HumanEval prompts, 128 tokens
     python benchmarks/decode.py --prompts 4 --max-new-tokens 48 --configs quick

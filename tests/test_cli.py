@@ -424,7 +424,7 @@ def test_compare_help_lists_the_new_options(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_models_command_lists_and_refuses(capsys: pytest.CaptureFixture[str]) -> None:
-    """``specsampling models`` is the weights' own command line (gpu.hf.models.main)."""
+    """``specsampling models`` is the weights' own command line (gpu.hf.cli.models_main)."""
     assert main(["models", "list"]) == 0
     out = capsys.readouterr().out
     for name in ("smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"):

