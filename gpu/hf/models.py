@@ -308,6 +308,8 @@ def load_model(
     progress : bool
         Progress bars while fetching.
 
+    Examples
+    --------
     >>> load_model("smollm2-135m", dtype="int4")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
