@@ -29,7 +29,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 
@@ -97,6 +97,7 @@ class HeapTree(_Policy):
         """One tree per root context."""
         rows = len(roots)
         ranks = min(self.budget, pair.vocab_size)
+        max_depth = cast(int, self.max_depth)  # resolved by __post_init__
         draws: list[list[tuple[int, int]]] = [[] for _ in range(rows)]
         paths: list[list[tuple[int, ...]]] = [[()] for _ in range(rows)]  # node -> tokens
         scores: list[list[float]] = [[0.0] for _ in range(rows)]  # node -> log q-hat
@@ -112,7 +113,7 @@ class HeapTree(_Policy):
             for (b, n), vals, toks in zip(owners, values.tolist(), ids.tolist(), strict=True):
                 logs = [math.log(v) if v > 0 else -math.inf for v in vals]
                 tops[b].append((toks, logs))
-                if logs[0] > -math.inf and len(paths[b][n]) < self.max_depth:
+                if logs[0] > -math.inf and len(paths[b][n]) < max_depth:
                     heapq.heappush(heaps[b], (-(scores[b][n] + logs[0]), n, 0))
 
         expand([(b, 0) for b in range(rows)])
@@ -191,7 +192,8 @@ class OptTree(_Policy):
     def draft_trees(self, pair: Any, roots: Sequence[tuple[int, ...]]) -> list[ss.DraftTree]:
         """One tree per root context."""
         rows = len(roots)
-        ranks = min(self.width, self.budget, pair.vocab_size)
+        width = cast(int, self.width)  # resolved by __post_init__
+        ranks = min(width, self.budget, pair.vocab_size)
         draws: list[list[tuple[int, int]]] = [[] for _ in range(rows)]
         paths: list[list[tuple[int, ...]]] = [[()] for _ in range(rows)]
         probs_hat: list[list[float]] = [[1.0] for _ in range(rows)]
@@ -209,7 +211,7 @@ class OptTree(_Policy):
                 options[b].extend((probs_hat[b][n] * v, n, t) for v, t in pairs if v > 0)
             for b in range(rows):
                 chosen = sorted(options[b], key=lambda o: (-o[0], o[1], o[2]))[
-                    : min(self.width, left[b])
+                    : min(width, left[b])
                 ]
                 if not chosen or sum(c[0] for c in chosen) < self.threshold:
                     left[b] = 0
