@@ -60,7 +60,7 @@ def pads_respected(out: ssg.Verified, lengths: list[int]) -> bool:
     return bool((emitted_drafts <= torch.tensor(lengths)).all())
 
 
-def test_b7_padded_draft_ids_are_never_read_or_accepted() -> None:
+def test_padded_draft_ids_are_never_read_or_accepted() -> None:
     tokens, target, draft, lengths = ragged()
     good = padded_engine_outputs(C.STANDARD_CHAIN, honour_padding=True)
     assert pads_respected(good, lengths)
@@ -83,7 +83,7 @@ def test_b7_padded_draft_ids_are_never_read_or_accepted() -> None:
     assert (accepted <= torch.tensor(lengths)).all() and (emitted <= torch.tensor(lengths)).all()
 
 
-def test_b7_out_of_range_ids_fail_validation() -> None:
+def test_out_of_range_ids_fail_validation() -> None:
     tokens, target, draft, _ = ragged()
     for value, lane in ((6, 0), (-2, 2)):
         bad = tokens.clone()
@@ -112,7 +112,7 @@ def float32_noise(batch: int, gamma: int, generator: Any = None, device: Any = N
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_b9_uniforms_are_float64_on_every_device(device: str) -> None:
+def test_uniforms_are_float64_on_every_device(device: str) -> None:
     generator = torch.Generator(device=device).manual_seed(0)
     assert fine_resolution(C.chain_noise(64, 8, generator, device))
     assert not fine_resolution(float32_noise(64, 8, torch.Generator().manual_seed(0)))
@@ -146,7 +146,7 @@ def accepts_at_the_top(engine: C.StandardChain) -> bool:
     return int(engine.run(tables, ssg.Noise(top, top))[0].node[0]) == 1
 
 
-def test_b9_explicit_uniforms_are_not_rounded() -> None:
+def test_explicit_uniforms_are_not_rounded() -> None:
     assert accepts_at_the_top(C.STANDARD_CHAIN)
     assert not accepts_at_the_top(Float32Tests())
 
@@ -173,7 +173,7 @@ def solo(args: tuple, row: int, generator: torch.Generator) -> torch.Tensor:
     )[0]  # fmt: skip
 
 
-def test_b10_seeded_rows_reproduce_their_solo_runs_in_a_mixed_batch() -> None:
+def test_seeded_rows_reproduce_their_solo_runs_in_a_mixed_batch() -> None:
     args = mixed_batch(0)
     seeded = {0: 10, 3: 13, 5: 15}
     for neighbours in range(3):  # unseeded neighbours drawn from different streams
@@ -217,7 +217,7 @@ def empty_round_is_invisible(noise_fn: Callable[..., ssg.Noise], monkeypatch: An
     return untouched and torch.equal(solo(args, 0, delayed), first)
 
 
-def test_b11_zero_draft_requests_do_not_advance_their_generator(monkeypatch: Any) -> None:
+def test_zero_draft_requests_do_not_advance_their_generator(monkeypatch: Any) -> None:
     assert empty_round_is_invisible(REQUEST_NOISE, monkeypatch)
     assert not empty_round_is_invisible(advancing_request_noise, monkeypatch)
 
@@ -248,7 +248,7 @@ def tiny_q_accepted(engine: C.StandardChain, dtype: torch.dtype) -> bool:
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-def test_b20_low_precision_is_upcast_before_the_ratio(dtype: torch.dtype) -> None:
+def test_low_precision_is_upcast_before_the_ratio(dtype: torch.dtype) -> None:
     assert tiny_q_accepted(C.STANDARD_CHAIN, dtype)
     assert not tiny_q_accepted(InputDtypeTests(), dtype)
     # through the entry point, and a drafted token whose q underflowed to 0 is reported
@@ -294,7 +294,7 @@ def zero_accept_rows_are_clean(engine: C.StandardChain) -> bool:
     )
 
 
-def test_b21_no_index_from_num_accepted_minus_one() -> None:
+def test_no_index_from_num_accepted_minus_one() -> None:
     assert zero_accept_rows_are_clean(C.STANDARD_CHAIN)
     assert not zero_accept_rows_are_clean(LastAcceptedIndex())
     # the adapters' bookkeeping on zero-accept rows
