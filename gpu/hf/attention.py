@@ -20,6 +20,17 @@ the columns that are holes in every row (the common tail).
     \mathrm{query\_valid}[b, i] \\ 0 & j = L + t,\ \mathrm{attend}[b, i, t] \\
     \min & \text{otherwise} \end{cases}
 
+Exactness. The surgery (:meth:`~KVState.commit`, :meth:`~KVState.select_rows`,
+:meth:`~KVState.compact`) only copies cache entries, by index, gather and slice: every valid slot
+holds, bit for bit, the key and value its forward computed, and a hole gets weight exactly 0.
+A cached tree forward therefore differs from a plain forward of the same prefix only by the
+model's own rounding (other reduction orders and matmul shapes), ~1e-13 on float64 logits. But
+Hugging Face's Llama / Qwen2 ``RMSNorm`` casts its input to float32 even in a float64 model (and
+eager attention takes its softmax in float32): when such a 1e-14 difference straddles a float32
+rounding boundary, one element moves by a float32 ulp (6e-8 relative) and the layers after it
+grow that to ~1e-6 in the logits. That is rounding, rare and at random nodes, not a wrong value;
+float64 parity to 1e-10 needs the norms computed in float64 (``tests/test_hf_parity_ragged.py``).
+
 Refused: flash / flex attention (a tree mask is not expressible there) and every cache layer
 that is not a plain ``DynamicLayer`` (sliding-window, static, quantized): their slots cannot be
 gathered freely.
