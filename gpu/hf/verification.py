@@ -45,7 +45,7 @@ from ..drafting import TreeDrafter
 from ..generate import row_keys
 from ..schemes import SCHEMES, get_lowering, tree_lowering
 from ..schemes.base import Verified
-from ..schemes.coupled import Drafted, KeyedLowering
+from ..schemes.coupled import Drafted, KeyedLowering, keyed_select_root
 from ..tree import PAD, TreeBatch
 from .drafters import Proposal
 
@@ -314,21 +314,10 @@ class KeyedVerification:
         self, state: DecodeState, proposal: Proposal, target_probs: torch.Tensor
     ) -> Verified:
         """The keyed walk down the drafted trees; the root alone: the target's selection."""
-        if proposal.drawn is None:
-            return self.select_root(state, target_probs[:, 0])
+        if proposal.drawn is None:  # keyed target-only decoding (specsampling.keyed.laws.decode)
+            roots = self.root_contexts(state)
+            return keyed_select_root(self.lowering, self.plan, self.keys, roots, target_probs[:, 0])
         return self.lowering.walk(proposal.drawn, self.plan, self.keys, target_probs)
-
-    def select_root(self, state: DecodeState, target_probs: torch.Tensor) -> Verified:
-        """Keyed target-only decoding: the target's keyed selection over all ``K`` rows at
-        the root (:func:`specsampling.keyed.laws.decode`), ``target_probs [B, V]``."""
-        vocab = target_probs.shape[-1]
-        exps = self.lowering.node_exponentials(
-            self.keys, self.root_contexts(state), self.plan.num_rows, vocab
-        )  # [B, K, V]
-        raced = torch.ones(exps.shape[:2], dtype=torch.bool, device=exps.device)  # [B, K]
-        token = self.lowering.select(target_probs, exps, raced)  # [B]
-        node = torch.zeros_like(token)
-        return Verified(node, token, token[:, None], torch.ones_like(token))
 
     def contexts_after(
         self, state: DecodeState, paths: torch.Tensor, depth: torch.Tensor
