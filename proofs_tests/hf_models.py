@@ -4,6 +4,7 @@ draft, left padding, and the always-accept mutant (``tests/test_hf_*.py``)."""
 from __future__ import annotations
 
 import copy
+import types
 from typing import Any
 
 import torch
@@ -50,6 +51,22 @@ def tiny_causal_lm(
         with torch.no_grad():
             model.lm_head.weight.mul_(sharpness)
     return no_eos(model)
+
+
+def _norm_in_input_dtype(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+
+
+def float64_norms(model: Any) -> Any:
+    """``model`` with every ``RMSNorm`` computed in its input dtype: Hugging Face's Llama / Qwen2
+    ``RMSNorm`` casts to float32 even in a float64 model, so a 1e-14 difference between two
+    float64 forwards that straddles a float32 rounding boundary becomes a float32 ulp, which
+    later layers grow to ~1e-6 in the logits (``tests/test_hf_parity_ragged.py``)."""
+    for module in model.modules():
+        if type(module).__name__.endswith("RMSNorm"):
+            module.forward = types.MethodType(_norm_in_input_dtype, module)
+    return model
 
 
 def no_eos(model: Any) -> Any:

@@ -21,18 +21,16 @@ runs in float32), so only sdpa is checked here.
 
 from __future__ import annotations
 
-import types
-
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from proofs_tests.hf_models import left_pad, perturbed, tiny_causal_lm  # noqa: E402
+from proofs_tests.hf_models import float64_norms, left_pad, perturbed, tiny_causal_lm  # noqa: E402
 from specsampling import Shape  # noqa: E402
 from specsampling.gpu import hf  # noqa: E402
+from specsampling.gpu.hf import SpeculativeDecoder  # noqa: E402
 from specsampling.gpu.hf.attention import KVState  # noqa: E402
-from specsampling.gpu.hf.decoder import SpeculativeDecoder  # noqa: E402
 from specsampling.gpu.tree import node_paths  # noqa: E402
 
 #: Max |cached - plain| over every logit row used; float64 rounding is ~1e-15 on these models.
@@ -75,19 +73,6 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-def _norm_in_input_dtype(self, hidden_states):
-    variance = hidden_states.pow(2).mean(-1, keepdim=True)
-    return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
-
-
-def float64_norms(model):
-    """``model`` with every ``RMSNorm`` computed in its input dtype (HF's casts to float32)."""
-    for module in model.modules():
-        if type(module).__name__.endswith("RMSNorm"):
-            module.forward = types.MethodType(_norm_in_input_dtype, module)
-    return model
 
 
 def pair(family):
