@@ -7,6 +7,7 @@ import copy
 import types
 from typing import Any
 
+import pytest
 import torch
 import transformers
 
@@ -112,3 +113,34 @@ class AlwaysAccept(SpeculativeDecoder):
     def __init__(self, target: Any, draft: Any, scheme: str, shape: Any) -> None:
         lowering = ssg.schemes.tree_lowering(ssg.schemes.get_lowering(scheme))
         super().__init__(target, draft, AcceptAll(lowering, shape), shape)
+
+
+def plain_logits(model: Any, prefixes: Any) -> torch.Tensor:
+    """The last-position logits of a plain no-cache forward of every prefix ``[R, V]`` (one
+    forward per distinct length, no padding): what the decoder's cached tree forwards must give."""
+    out: list[Any] = [None] * len(prefixes)
+    by_length: dict[int, list[int]] = {}
+    for index, prefix in enumerate(prefixes):
+        by_length.setdefault(len(prefix), []).append(index)
+    for indices in by_length.values():
+        logits = model(input_ids=torch.tensor([prefixes[i] for i in indices])).logits[:, -1]
+        for row, i in enumerate(indices):
+            out[i] = logits[row]
+    return torch.stack(out)
+
+
+@pytest.fixture(autouse=True)
+def no_grad() -> Any:
+    """Every test without autograd (import it into a test module to use it there)."""
+    with torch.no_grad():
+        yield
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Any:
+    """Tiny models: one intra-op thread (two threads on a shared 2-core machine spin-wait,
+    making a 32x32 matmul ~400x slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -35,7 +35,10 @@ from proofs_tests.chisquare import chi_square_pvalue  # noqa: E402
 from proofs_tests.hf_models import (  # noqa: E402
     AlwaysAccept,
     left_pad,
+    no_grad,  # noqa: F401 (autouse fixture)
+    one_thread,  # noqa: F401 (autouse fixture)
     perturbed,
+    plain_logits,
     tiny_causal_lm,
 )
 from specsampling.errors import InvalidDistribution, UnsupportedShape  # noqa: E402
@@ -77,22 +80,6 @@ def qwen(seed, vocab=64, attn="sdpa", dtype=torch.float32, **extra):
     return tiny_causal_lm("qwen", seed, vocab=vocab, attn=attn, dtype=dtype, **extra)
 
 
-@pytest.fixture(autouse=True)
-def _no_grad():
-    with torch.no_grad():
-        yield
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny models: one intra-op thread (two threads on a shared 2-core machine spin-wait,
-    making a 32x32 matmul ~400x slower)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def pair():
     target = llama(0)
@@ -101,20 +88,6 @@ def pair():
 
 def last_logits(model, tokens):
     return model(input_ids=torch.tensor([tokens])).logits[0, -1]
-
-
-def reference_logits(model, prefixes):
-    """The last-position logits of a plain no-cache forward of every prefix ``[R, V]`` (one
-    forward per distinct length, no padding)."""
-    out = [None] * len(prefixes)
-    by_length = {}
-    for index, prefix in enumerate(prefixes):
-        by_length.setdefault(len(prefix), []).append(index)
-    for indices in by_length.values():
-        logits = model(input_ids=torch.tensor([prefixes[i] for i in indices])).logits[:, -1]
-        for row, i in enumerate(indices):
-            out[i] = logits[row]
-    return torch.stack(out)
 
 
 PROMPTS = [[3, 5, 7, 9, 11], [4, 2], [8, 1, 6, 6]]
@@ -156,7 +129,7 @@ def test_tree_logits_parity(make, dtype, atol, batch, monkeypatch):
             for model, used in ((target, trace.target_logits), (draft, trace.draft_logits)):
                 rows = torch.stack([used[b, n] for b, n in where])  # [R, V]
                 expanded = ~torch.isnan(rows).any(-1)
-                expected = reference_logits(model, prefixes)
+                expected = plain_logits(model, prefixes)
                 torch.testing.assert_close(rows[expanded], expected[expanded], atol=atol, rtol=0)
                 checked += int(expanded.sum())
     assert checked > 100

@@ -29,7 +29,13 @@ transformers = pytest.importorskip("transformers")
 
 import specsampling as ss  # noqa: E402
 import specsampling.gpu as ssg  # noqa: E402
-from proofs_tests.hf_models import left_pad, perturbed, tiny_causal_lm  # noqa: E402
+from proofs_tests.hf_models import (  # noqa: E402
+    left_pad,
+    no_grad,  # noqa: F401 (autouse fixture)
+    one_thread,  # noqa: F401 (autouse fixture)
+    perturbed,
+    tiny_causal_lm,
+)
 from specsampling.errors import UnsupportedShape  # noqa: E402
 from specsampling.gpu.hf import (  # noqa: E402
     DecodeState,
@@ -57,20 +63,6 @@ def llama(seed, sharpness=10.0, attn="eager"):
 
 def qwen(seed, sharpness=10.0):
     return tiny_causal_lm("qwen", seed, vocab=VOCAB, attn="sdpa", sharpness=sharpness)
-
-
-@pytest.fixture(autouse=True)
-def _no_grad():
-    with torch.no_grad():
-        yield
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

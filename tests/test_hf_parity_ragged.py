@@ -26,7 +26,15 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from proofs_tests.hf_models import float64_norms, left_pad, perturbed, tiny_causal_lm  # noqa: E402
+from proofs_tests.hf_models import (  # noqa: E402
+    float64_norms,
+    left_pad,
+    no_grad,  # noqa: F401 (autouse fixture)
+    one_thread,  # noqa: F401 (autouse fixture)
+    perturbed,
+    plain_logits,
+    tiny_causal_lm,
+)
 from specsampling import Shape  # noqa: E402
 from specsampling.gpu import hf  # noqa: E402
 from specsampling.gpu.hf import SpeculativeDecoder  # noqa: E402
@@ -60,40 +68,11 @@ CASES = [
 IDS = ["llama-B3-chain", "qwen-B3-tree", "llama-B8-tree", "qwen-B8-chain"]
 
 
-@pytest.fixture(autouse=True)
-def _no_grad():
-    with torch.no_grad():
-        yield
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny models: one intra-op thread (two threads on a shared 2-core machine spin-wait)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def pair(family):
     """A float64 sdpa target and a perturbed draft, both with float64 norms."""
     target = tiny_causal_lm(family, 0, attn="sdpa", dtype=torch.float64)
     draft = perturbed(target, 0.3, 2)
     return float64_norms(target), float64_norms(draft)
-
-
-def plain_logits(model, prefixes):
-    """Last-position logits of a no-cache forward of each prefix ``[R, V]`` (one forward per
-    distinct length, no padding)."""
-    out = [None] * len(prefixes)
-    by_length = {}
-    for index, prefix in enumerate(prefixes):
-        by_length.setdefault(len(prefix), []).append(index)
-    for indices in by_length.values():
-        logits = model(input_ids=torch.tensor([prefixes[i] for i in indices])).logits[:, -1]
-        for row, i in enumerate(indices):
-            out[i] = logits[row]
-    return torch.stack(out)
 
 
 def decode(family, prompts, scheme, shape, seed, eos):

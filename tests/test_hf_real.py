@@ -26,7 +26,7 @@ import torch
 import specsampling as ss
 import specsampling.gpu as ssg
 from proofs_tests.chisquare import chi_square_pvalue
-from proofs_tests.hf_models import AlwaysAccept, float64_norms, left_pad
+from proofs_tests.hf_models import AlwaysAccept, float64_norms, left_pad, no_grad  # noqa: F401
 from specsampling import Shape
 from specsampling.gpu import hf
 from specsampling.gpu.tree import node_paths
@@ -52,12 +52,6 @@ def smol64(smol):
     model = float64_norms(hf.load_model("smollm2-135m", dtype=torch.float64)[0])
     model.generation_config.eos_token_id = None
     return model, smol[1]
-
-
-@pytest.fixture(autouse=True)
-def _no_grad():
-    with torch.no_grad():
-        yield
 
 
 def encode(tokenizer, text):

@@ -21,6 +21,7 @@ Implement :class:`Drafter` to add one (``propose`` and, when it keeps a cache, `
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -81,7 +82,7 @@ class Draw(Protocol):
         ...
 
 
-class Drafter:
+class Drafter(ABC):
     """Base of the drafters: ``law`` is the law its trees are drawn by (``None``: the shape's
     own law, sampled from the draft's distributions; ``DrawLaw.DETERMINISTIC``: a point mass,
     proposed through :meth:`Draw.point_mass` on chains). The default lifecycle methods do
@@ -97,9 +98,9 @@ class Drafter:
     def start(self, state: DecodeState) -> None:
         """A ``generate`` call begins (prompts in ``state``): reset and prefill any cache."""
 
+    @abstractmethod
     def propose(self, state: DecodeState, draw: Draw) -> Proposal:
         """This round's trees, one per active row of ``state``."""
-        raise NotImplementedError  # pragma: no cover - every drafter defines it
 
     def commit(self, state: DecodeState, proposal: Proposal, verified: Verified) -> None:
         """Rows emitted ``verified.tokens [B, D + 1]`` (the accepted path, then the next
