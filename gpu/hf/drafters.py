@@ -95,18 +95,20 @@ class Drafter(ABC):
         draw law ``verification`` is not exact for."""
         verification.check_law(self.law, type(self).__name__)
 
-    def start(self, state: DecodeState) -> None:
+    def start(self, state: DecodeState) -> None:  # noqa: B027 (no-op default)
         """A ``generate`` call begins (prompts in ``state``): reset and prefill any cache."""
 
     @abstractmethod
     def propose(self, state: DecodeState, draw: Draw) -> Proposal:
         """This round's trees, one per active row of ``state``."""
 
-    def commit(self, state: DecodeState, proposal: Proposal, verified: Verified) -> None:
+    def commit(  # noqa: B027 (no-op default)
+        self, state: DecodeState, proposal: Proposal, verified: Verified
+    ) -> None:
         """Rows emitted ``verified.tokens [B, D + 1]`` (the accepted path, then the next
         token): keep what the drafter's cache needs. Called before finished rows leave."""
 
-    def select_rows(self, rows: torch.Tensor) -> None:
+    def select_rows(self, rows: torch.Tensor) -> None:  # noqa: B027 (no-op default)
         """Keep only the batch rows ``rows [B']`` (finished rows leave)."""
 
 
