@@ -656,18 +656,23 @@ def _torch_row(scheme: TorchSchemeReport) -> tuple[str, ...]:
 
 
 class _Bar:
-    """A one-line progress bar, redrawn at most ten times a second."""
+    """A one-line progress bar, redrawn at most ten times a second on a terminal; on any other
+    stream (a redirected log) nothing until :meth:`close`, which writes one final line."""
 
     WIDTH = 30
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
+        self._tty = bool(getattr(stream, "isatty", lambda: False)())
         self._last = 0.0
         self._drawn = False
+        self._state: tuple[int, int] | None = None
+        self._started = time.monotonic()
 
     def __call__(self, done: int, total: int, label: str) -> None:
+        self._state = (done, total)
         now = time.monotonic()
-        if done < total and now - self._last < 0.1:
+        if not self._tty or (done < total and now - self._last < 0.1):
             return
         self._last = now
         filled = self.WIDTH * done // max(total, 1)
@@ -679,4 +684,8 @@ class _Bar:
     def close(self) -> None:
         if self._drawn:
             self._stream.write("\n")
-            self._stream.flush()
+        elif not self._tty and self._state is not None:
+            done, total = self._state
+            elapsed = time.monotonic() - self._started
+            self._stream.write(f"{done}/{total} cases checked in {elapsed:.0f} s\n")
+        self._stream.flush()

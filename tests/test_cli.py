@@ -6,6 +6,7 @@ Broken schemes are certified as objects (never registered), so the global regist
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import shutil
@@ -634,3 +635,27 @@ def test_simulate_every_option_has_help_with_its_default() -> None:
     for action in options:
         assert action.help and "default" in action.help, action.option_strings
         assert " ".join((action.help % {"default": action.default}).split()) in text
+
+
+# ---------------------------------------------------------------- progress only on a terminal
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_redraws_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A redirected log gets one final line, never the bar's redraws; a terminal gets the bar."""
+    from specsampling.cli import _Bar
+
+    clock = iter(float(t) for t in range(1000))
+    monkeypatch.setattr("specsampling.cli.time.monotonic", lambda: next(clock))
+    log, terminal = io.StringIO(), _Terminal()
+    for stream in (log, terminal):
+        bar = _Bar(stream)
+        for done in range(1, 51):
+            bar(done, 50, f"case {done}")
+        bar.close()
+    assert log.getvalue().count("\n") == 1 and "\r" not in log.getvalue()
+    assert log.getvalue().startswith("50/50 cases checked in ")
+    assert terminal.getvalue().count("\r") == 50 and terminal.getvalue().endswith("\n")
+    assert "[##############################] 50/50 case 50" in terminal.getvalue()
