@@ -391,6 +391,23 @@ def test_bad_inputs(pair):
         dec.generate(torch.tensor([[1, 2, 0]]), attention_mask=torch.tensor([[1, 1, 0]]))
     with pytest.raises(ValueError, match="max_new_tokens"):
         dec.generate(prompt, max_new_tokens=-1)
+    vocab = target.config.vocab_size
+    for bad_id, where in ((-1, "position 0"), (vocab, "position 2")):
+        ids = torch.tensor([[bad_id, 5, 6]]) if bad_id < 0 else torch.tensor([[4, 5, bad_id]])
+        with pytest.raises(ValueError, match=f"input_ids: token id {bad_id} at row 0, {where}"):
+            dec.generate(ids)
+    padded, padded_mask = left_pad([[4, 5, 6], [7]], pad=-1)  # padding may hold -1: never read
+    assert dec.generate(padded, attention_mask=padded_mask, max_new_tokens=2, seed=0).num_generated
+    for eos in (-5, vocab, [3, -5]):
+        with pytest.raises(ValueError, match=r"eos_token_id: id -?[0-9]+ out of range"):
+            dec.generate(prompt, eos_token_id=eos)
+    with pytest.raises(ValueError, match="eos_token_id: expected token ids"):
+        dec.generate(prompt, eos_token_id="</s>")
+    with pytest.raises(ValueError, match="pad_token_id"):
+        dec.generate(prompt, pad_token_id="0")
+    for seed in ("abc", -1, 1.5):
+        with pytest.raises(ValueError, match="seed"):
+            dec.generate(prompt, seed=seed)
     with pytest.raises(ValueError, match="draft: dtype"):
         SpeculativeDecoder(target, copy.deepcopy(draft).double())
     with pytest.raises(ValueError, match="draft: vocabulary"):

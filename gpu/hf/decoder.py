@@ -239,13 +239,16 @@ class SpeculativeDecoder:
         """
         started = time.perf_counter()
         device = next(self.target.parameters()).device
-        prompt, mask = check_prompt(input_ids, attention_mask, device)
+        vocab = vocab_size(self.target)
+        prompt, mask = check_prompt(input_ids, attention_mask, device, vocab)
         max_new_tokens = ss.validation.check_positive_int(max_new_tokens, "max_new_tokens", 0)
         process(torch.zeros(1, 2), temperature, top_k, top_p)  # the parameters' own checks
         keys = self.verification.check_key(key, window, prompt.shape[0])
-        eos = eos_set(eos_token_id)
+        eos = eos_set(eos_token_id, vocab)
         if pad_token_id is None:
             pad_token_id = min(eos) if eos else 0
+        elif isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int):
+            raise ValueError(f"pad_token_id: expected an integer id, got {pad_token_id!r}")
         if streamer is not None and prompt.shape[0] != 1:
             raise ValueError(
                 f"streamer: streaming takes one row (as in transformers), got {prompt.shape[0]}"
@@ -254,7 +257,7 @@ class SpeculativeDecoder:
         if seed is None:
             generator.seed()
         else:
-            generator.manual_seed(int(seed))
+            generator.manual_seed(ss.validation.check_positive_int(seed, "seed", 0))
         settings = (temperature, top_k, top_p)
         state = DecodeState(
             self.target,
@@ -262,7 +265,7 @@ class SpeculativeDecoder:
             mask,
             settings,
             generator,
-            vocab_size(self.target),
+            vocab,
             max_new_tokens,
             eos,
             streamer,

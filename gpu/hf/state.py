@@ -16,11 +16,13 @@ three at once.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import torch
+
+from specsampling.validation import check_token
 
 from ..processing import process
 from ..schemes.base import Verified
@@ -207,10 +209,11 @@ def compact_if_sparse(kv: KVState, slack: int) -> None:
 
 
 def check_prompt(
-    input_ids: Any, attention_mask: Any, device: torch.device
+    input_ids: Any, attention_mask: Any, device: torch.device, vocab_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(ids [B, L] long, mask [B, L] bool)`` on ``device``, refusing what is not a non-empty
-    left-padded batch of integer ids."""
+    left-padded batch of integer ids in ``[0, vocab_size)`` (a masked padding slot may hold any
+    id below ``vocab_size``: it is never read)."""
     ids = torch.as_tensor(input_ids)
     if ids.is_floating_point() or ids.dtype == torch.bool:
         raise ValueError(f"input_ids: expected integer token ids, got {ids.dtype}")
@@ -234,18 +237,34 @@ def check_prompt(
         mask = mask.bool()
     if not bool(mask[:, -1].all()):
         raise ValueError("attention_mask: prompts must be left-padded (last column all ones)")
+    outside = ((ids < 0) & mask) | (ids >= vocab_size)  # [B, L]
+    if bool(outside.any()):
+        row, column = (int(i) for i in outside.nonzero()[0])
+        raise ValueError(
+            f"input_ids: token id {int(ids[row, column])} at row {row}, position {column} is out "
+            f"of the target's vocabulary [0, {vocab_size})"
+        )
     return ids.to(device=device, dtype=torch.long), mask.to(device)
 
 
-def eos_set(eos_token_id: Any) -> frozenset[int]:
-    """``eos_token_id`` (``None``, an id, a sequence or a tensor of ids) as a set."""
+def eos_set(eos_token_id: Any, vocab_size: int) -> frozenset[int]:
+    """``eos_token_id`` (``None``, an id, a sequence or a tensor of ids, each in
+    ``[0, vocab_size)``) as a set."""
     if eos_token_id is None:
         return frozenset()
     if isinstance(eos_token_id, torch.Tensor):
         eos_token_id = eos_token_id.flatten().tolist()
-    if isinstance(eos_token_id, int):
-        return frozenset({eos_token_id})
-    return frozenset(int(t) for t in eos_token_id)
+    if isinstance(eos_token_id, (str, bytes)) or not isinstance(eos_token_id, Iterable):
+        eos_token_id = [eos_token_id]
+    ids = []
+    for token in eos_token_id:
+        if isinstance(token, (str, bytes)):
+            raise ValueError(
+                f"eos_token_id: expected token ids (an int or a sequence of ints), got "
+                f"{token!r}; a tokenizer gives the id (tokenizer.convert_tokens_to_ids)"
+            )
+        ids.append(check_token(token, "eos_token_id", vocab_size))
+    return frozenset(ids)
 
 
 __all__ = [
