@@ -8,6 +8,7 @@ them through :func:`specsampling.cli.main` exactly as on the command line.
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -247,3 +248,17 @@ def test_models_help_says_what_the_weights_are(capsys: pytest.CaptureFixture[str
     flat = " ".join(out.split())
     assert code == 0 and "local Hugging Face model directory" in flat
     assert "local Hugging Face cache" in flat and "nothing is ever downloaded" in flat
+
+
+def test_load_model_says_each_stage_only_when_asked(
+    tiny_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``progress=True``: one line for the load stage (fetch/verify/convert have their own, see
+    ``tests/test_hf_models.py``); ``progress=False``: nothing at all."""
+    from specsampling.gpu.hf import load_model
+
+    load_model(tiny_dir, progress=True)
+    err = capsys.readouterr().err
+    assert re.fullmatch(rf"load: {re.escape(str(tiny_dir))} \(float32\) \.\.\. \d+ s\n", err), err
+    load_model(tiny_dir, progress=False)
+    assert capsys.readouterr().err == ""

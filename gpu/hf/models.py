@@ -22,7 +22,9 @@ import contextlib
 import json
 import os
 import shutil
+import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -306,7 +308,8 @@ def load_model(
     cache : path, optional
         Cache root of the pinned models; default :func:`cache_dir`.
     progress : bool
-        Progress bars while fetching.
+        Progress on stderr, one line or bar per stage: fetch, verify, convert (the first load of
+        a pinned model only), load.
 
     Examples
     --------
@@ -322,13 +325,38 @@ def load_model(
     source = resolve_model(name_or_path)
     dtype = _as_dtype(dtype)
     device = _as_device(device)
-    if source.path is None:
+    directory = source.path
+    if directory is None:
         spec = MODELS[source.name]
-        target = converted_dir(spec.name, cache)
+        directory = converted_dir(spec.name, cache)
         if not is_converted(spec.name, cache):
-            _convert(spec, fetch(spec.name, progress=progress, cache=cache), target)
-        return _load_dir(target, dtype, device)
-    return _load_dir(source.path, dtype, device)
+            path = fetch(spec.name, progress=progress, cache=cache)
+            with _stage(f"convert: {spec.name} to a float32 safetensors copy (once)", progress):
+                _convert(spec, path, directory)
+    with _stage(f"load: {source.name} ({str(dtype).removeprefix('torch.')})", progress):
+        return _load_dir(directory, dtype, device)
+
+
+@contextlib.contextmanager
+def _stage(what: str, show: bool) -> Any:
+    """One line on stderr for a stage without a byte count: ``what ...``, then its time;
+    transformers' own progress bars stay off meanwhile (the line is the stage's progress)."""
+    from transformers.utils import logging as hf_logging
+
+    started = time.monotonic()
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    if show:
+        sys.stderr.write(f"{what} ...")
+        sys.stderr.flush()
+    try:
+        yield
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+        if show:
+            sys.stderr.write(f" {time.monotonic() - started:.0f} s\n")
+            sys.stderr.flush()
 
 
 __all__ = [

