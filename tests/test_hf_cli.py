@@ -262,3 +262,31 @@ def test_load_model_says_each_stage_only_when_asked(
     assert re.fullmatch(rf"load: {re.escape(str(tiny_dir))} \(float32\) \.\.\. \d+ s\n", err), err
     load_model(tiny_dir, progress=False)
     assert capsys.readouterr().err == ""
+
+
+def test_chat_template_end_of_turn_and_no_special_tokens_printed(
+    tiny_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A tokenizer with a chat template gets the prompt as one user turn; its end-of-turn token
+    stops decoding; special tokens never reach the printed text."""
+    from specsampling.gpu.hf.cli import Streamer, prompt_ids, stop_ids
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_dir)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_end|>"]})
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    raw = prompt_ids(tokenizer, PROMPT, True)[0].tolist()
+    assert raw == tokenizer(PROMPT)["input_ids"]  # no template: the raw text
+    tokenizer.chat_template = (
+        "{% for m in messages %}w40 {{ m['content'] }} <|im_end|> {% endfor %}w41"
+    )
+    turn = prompt_ids(tokenizer, PROMPT, True)[0].tolist()
+    assert turn == tokenizer("w40 " + PROMPT + " <|im_end|> w41")["input_ids"]
+    assert prompt_ids(tokenizer, PROMPT, False)[0].tolist() == raw
+    model = transformers.LlamaForCausalLM.from_pretrained(tiny_dir)
+    model.generation_config.eos_token_id = [5]
+    assert stop_ids(tokenizer, model) == {5, end}
+    streamer = Streamer(tokenizer, "p")
+    streamer.put(torch.tensor([0]))  # the prompt
+    streamer.put(torch.tensor([tokenizer.convert_tokens_to_ids("w7"), end]))
+    streamer.end()
+    assert capsys.readouterr().out == "pw7"

@@ -200,15 +200,29 @@ def test_two_token_law_on_real_weights(smol):
 def test_decode_command_prints_the_greedy_text_and_stats(smol, capsys):
     """``specsampling decode``: at temperature 0 the printed text is the target's greedy text."""
     from specsampling.cli import main
+    from specsampling.gpu.hf.cli import prompt_ids, stop_ids
 
     model, tokenizer = smol
     prompt = PROMPTS[0]
     expected = tokenizer.decode(greedy(model, encode(tokenizer, prompt), 8))
     argv = ["decode", "--target", "smollm2-135m", "--draft", "ngram", "--scheme", "standard"]
-    argv += ["--shape", "chain(3)", "--prompt", prompt, "--max-new-tokens", "8"]
-    assert main([*argv, "--temperature", "0", "--dtype", "float32"]) == 0
+    argv += ["--shape", "chain(3)", "--prompt", prompt, "--temperature", "0", "--dtype", "float32"]
+    assert main([*argv, "--max-new-tokens", "8", "--no-chat-template"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(prompt + expected)
     assert "8 tokens in" in out and "draft forwards" in out and "tokens/s" in out
+    # By default the prompt is one user turn of the chat template; the reply stops at the end of
+    # the turn, and no special token is printed as text.
+    stops = stop_ids(tokenizer, hf.load_model("smollm2-135m")[0])
+    assert tokenizer.convert_tokens_to_ids("<|im_end|>") in stops
+    templated = prompt_ids(tokenizer, prompt, True)  # [1, L]; holds <|im_end|>, the pad id:
+    ones = torch.ones_like(templated)  # so the mask is given (HF would mask those tokens out)
+    generated = model.generate(templated, attention_mask=ones, do_sample=False, max_new_tokens=40)
+    reply = generated[0, templated.shape[1] :].tolist()
+    cut = next((i + 1 for i, token in enumerate(reply) if token in stops), len(reply))
+    assert main([*argv, "--max-new-tokens", "40"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(prompt + tokenizer.decode(reply[:cut], skip_special_tokens=True) + "\n")
+    assert "<|im_" not in out and f"{cut} tokens in" in out
     assert main(["decode", "--target", "smollm2-135m", "--prompt", "x", "--shape", "nope"]) == 2
     assert "shape" in capsys.readouterr().err

@@ -77,7 +77,7 @@ class Streamer:
             self.prompt = None
             return
         self.tokens.extend(int(t) for t in value.tolist())
-        text = self.tokenizer.decode(self.tokens)
+        text = self.text()
         # Hold back a character cut between tokens, and the last word: decoding more tokens
         # can still change it (tokenizer clean-up of spaces), never what comes before it.
         cut = text.rfind(" ") if not text.endswith("\ufffd") else -1
@@ -86,8 +86,12 @@ class Streamer:
             sys.stdout.flush()
             self.shown = text[:cut]
 
+    def text(self) -> str:
+        """The generated text so far, special tokens (end of turn, EOS) never shown as text."""
+        return str(self.tokenizer.decode(self.tokens, skip_special_tokens=True))
+
     def end(self) -> None:
-        text = self.tokenizer.decode(self.tokens)
+        text = self.text()
         sys.stdout.write(text[len(self.shown) :])  # held-back text (never rewritten)
         sys.stdout.flush()
 
@@ -184,6 +188,13 @@ def decode_parser() -> argparse.ArgumentParser:
     )
     made.add_argument("--prompt", required=True, metavar="TEXT", help="the prompt text (required)")
     made.add_argument(
+        "--no-chat-template",
+        dest="chat_template",
+        action="store_false",
+        help="feed the prompt as raw text (default: wrapped as one user turn by the tokenizer's "
+        "chat template when it has one, decoding stopping at its end-of-turn tokens)",
+    )
+    made.add_argument(
         "--max-new-tokens",
         metavar="N",
         type=_positive_int,
@@ -268,7 +279,7 @@ def _decode(args: argparse.Namespace) -> int:
     elif args.draft is not None:
         draft = load_model(args.draft, dtype=dtype)[0]
     decoder = SpeculativeDecoder(target, draft, args.scheme, args.shape)
-    ids = tokenizer(args.prompt, return_tensors="pt")["input_ids"]
+    ids = prompt_ids(tokenizer, args.prompt, args.chat_template)
     streamer = Streamer(tokenizer, args.prompt)
     with torch.no_grad():
         out = decoder.generate(
@@ -279,7 +290,7 @@ def _decode(args: argparse.Namespace) -> int:
             top_p=args.top_p,
             seed=args.seed,
             key=args.key,
-            eos_token_id=tokenizer.eos_token_id,
+            eos_token_id=sorted(stop_ids(tokenizer, target)) or None,
             streamer=streamer,
         )
     sys.stdout.write("\n")
@@ -292,6 +303,42 @@ def _decode(args: argparse.Namespace) -> int:
         f"{stats.verify_time:.2f} s)\n"
     )
     return 0
+
+
+def prompt_ids(tokenizer: Any, prompt: str, chat_template: bool) -> Any:
+    """``[1, L]`` ids of ``prompt``: one user turn through the tokenizer's chat template when
+    ``chat_template`` and the tokenizer has one, else the raw text."""
+    if chat_template and getattr(tokenizer, "chat_template", None):
+        encoded = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=True,
+            return_tensors="pt",
+        )
+        return encoded["input_ids"]
+    return tokenizer(prompt, return_tensors="pt")["input_ids"]
+
+
+#: Special tokens that end a turn in the common chat templates.
+END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>")
+
+
+def stop_ids(tokenizer: Any, model: Any) -> set[int]:
+    """The ids that end the reply: the tokenizer's EOS, the model's generation-config EOS ids,
+    and the end-of-turn tokens of :data:`END_OF_TURN` the tokenizer has as special tokens."""
+    ids: set[int] = set()
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for token in (tokenizer.eos_token_id, configured):
+        if isinstance(token, int):
+            ids.add(token)
+        elif token is not None:
+            ids.update(int(t) for t in token)
+    special = set(getattr(tokenizer, "all_special_tokens", ()))
+    for text in END_OF_TURN:
+        if text in special:
+            ids.add(int(tokenizer.convert_tokens_to_ids(text)))
+    return ids
 
 
 # ---------------------------------------------------------------------------------------------
