@@ -449,6 +449,7 @@ def plot(rows: Sequence[dict[str, Any]], profiles: dict[str, Any], folder: Path)
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     folder.mkdir(parents=True, exist_ok=True)
     written = []
@@ -465,6 +466,7 @@ def plot(rows: Sequence[dict[str, Any]], profiles: dict[str, Any], folder: Path)
                 capsize=3,
                 label=f"{scheme} (T={t:g})" if t is not None else scheme,
             )
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # budgets are node counts
         ax.set_xlabel("node budget (drafted nodes)")
         ax.set_ylabel("best E[tau + 1]")
         ax.set_title("Block efficiency of the best shape per budget")
@@ -482,6 +484,7 @@ def plot(rows: Sequence[dict[str, Any]], profiles: dict[str, Any], folder: Path)
             twin = ax.twinx()
             twin.plot(range(1, len(distance) + 1), distance, "k--", label="|p - q|_1")
             twin.set_ylabel("mean |p - q|_1 at the parent depth (dashed)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # depths are integers
         ax.set_xlabel("depth d")
         ax.set_ylabel("acceptance rate P(tau >= d) / P(tau >= d-1)")
         ax.set_title("Acceptance against depth")

@@ -248,3 +248,24 @@ def test_simulate_command_on_a_recorded_file_and_bad_input(tmp_path, capsys) -> 
     assert main(["simulate", "--schemes", "nosuch", "--vocab-size", "8"]) == 2
     assert "unknown scheme" in capsys.readouterr().err
     assert main(["simulate", "--shapes", "bad(", "--vocab-size", "8"]) == 2
+
+
+def test_plots_tick_integer_axes_at_integers(tmp_path, monkeypatch) -> None:
+    """Budgets and depths are counts: their axes get integer ticks only (two budgets or three
+    depths would otherwise be ticked at 4.5, 5.0, ... or 1.25, 1.5, ...)."""
+    from types import SimpleNamespace
+
+    from specsampling.simulators import cli as simulate_cli
+
+    figures = []
+    monkeypatch.setattr(simulate_cli, "_save", lambda fig, path: figures.append(fig) or path)
+    rows = [
+        {"scheme": "nss", "temperature": 1.0, "budget": b, "block_efficiency": e, "stderr": 0.01}
+        for b, e in ((4, 1.8), (8, 2.1))
+    ]
+    profile = SimpleNamespace(acceptance=[0.8, 0.7, 0.65], distance=[0.3, 0.35, 0.4])
+    simulate_cli.plot(rows, {"nss": profile}, tmp_path)
+    assert len(figures) == 2
+    for fig in figures:
+        ticks = fig.axes[0].get_xticks()
+        assert len(ticks) >= 2 and all(float(t).is_integer() for t in ticks), ticks
