@@ -29,14 +29,22 @@ with ``format`` (``"specsampling.recorded-trees"``), ``version``, ``vocab_size``
 written in Python, :func:`specsampling.compare.parse_shape`), ``law``, ``keep``, ``scheme`` (the
 verifier the recording decoded with, which decides the contexts of later rounds), ``models``,
 ``temperature``, ``top_k``, ``top_p``, ``prompts`` (token counts and, when text was given, the
-text), ``max_new_tokens``, ``seed``, ``date``, ``specsampling`` (version).
+text), ``max_new_tokens``, ``seed``, ``date``, ``specsampling`` (version). Version 2 files end
+with a seal, the zip comment ``specsampling-sha256:<hex>``: the sha256 of every byte before it.
+:meth:`RecordedTrees.save` writes a temporary file and renames it into place, and
+:meth:`RecordedTrees.load` refuses, with one ``ValueError`` naming the file, any file whose seal,
+layout (each array's dtype and shape against the others and the metadata) or ranges are wrong.
 """
 
 from __future__ import annotations
 
 import datetime
+import hashlib
+import io
 import json
 import os
+import zipfile
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,7 +64,99 @@ from specsampling.tree import DrawLaw
 from .sources import BATCH_ELEMENTS, Drafted
 
 FORMAT = "specsampling.recorded-trees"
-VERSION = 1
+#: Version 2 seals the file with its sha256 (the zip comment); version 1 files still load.
+VERSION = 2
+#: The arrays of a file, besides ``meta`` (``ids`` only for top-K storage).
+_ARRAYS = (
+    "parents",
+    "tokens",
+    "num_nodes",
+    "expanded",
+    "target",
+    "draft",
+    "target_tail",
+    "draft_tail",
+    "candidates",
+    "ids",
+)
+#: The seal: the zip comment ``_SEAL`` + the sha256 (hex) of every byte before the comment.
+_SEAL = b"specsampling-sha256:"
+_SEAL_SIZE = len(_SEAL) + 64
+
+
+class _Damaged(ValueError):
+    """What is wrong with a file (:meth:`RecordedTrees.load` names the file)."""
+
+
+def _sealed(archive: bytes) -> bytes:
+    """``archive`` (a zip without a comment) with the seal as its comment: the comment length
+    field (the last 2 bytes) set, then ``_SEAL`` and the hex sha256 of all bytes before it."""
+    body = archive[:-2] + _SEAL_SIZE.to_bytes(2, "little")
+    return body + _SEAL + hashlib.sha256(body).hexdigest().encode("ascii")
+
+
+def _check_seal(raw: bytes) -> None:
+    body, seal = raw[:-_SEAL_SIZE], raw[-_SEAL_SIZE:]
+    if not seal.startswith(_SEAL) or body[-2:] != _SEAL_SIZE.to_bytes(2, "little"):
+        raise _Damaged("its sha256 seal is missing (truncated or rewritten)")
+    if hashlib.sha256(body).hexdigest().encode("ascii") != seal[len(_SEAL) :]:
+        raise _Damaged("its sha256 does not match its seal (the bytes changed)")
+
+
+def _check_layout(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
+    """Every array's dtype and shape against the others and ``meta``, and their ranges."""
+    missing = [name for name in _ARRAYS[:-1] if name not in arrays]
+    if missing:
+        raise _Damaged(f"arrays {missing} are missing")
+    vocab = meta.get("vocab_size")
+    if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 2:
+        raise _Damaged(f"meta vocab_size {vocab!r} is not an integer >= 2")
+    parents = arrays["parents"]
+    if parents.ndim != 2 or parents.dtype.kind not in "iu":
+        raise _Damaged(f"parents: expected [T, N] integers, got {parents.dtype} {parents.shape}")
+    trees, nodes = parents.shape
+    width = vocab if "ids" not in arrays else arrays["ids"].shape[-1]
+    expected = {
+        "tokens": ((trees, nodes), "iu"),
+        "num_nodes": ((trees,), "iu"),
+        "expanded": ((trees, nodes), "b"),
+        "target": ((trees, nodes, width), "f"),
+        "draft": ((trees, nodes, width), "f"),
+        "target_tail": ((trees, nodes), "f"),
+        "draft_tail": ((trees, nodes), "f"),
+        "ids": ((trees, nodes, width), "iu"),
+    }
+    for name, (shape, kinds) in expected.items():
+        if name not in arrays:
+            continue
+        array = arrays[name]
+        if array.shape != shape or array.dtype.kind not in kinds:
+            raise _Damaged(
+                f"{name}: expected shape {shape} of kind {kinds!r} (from parents {parents.shape}"
+                f" and vocab_size {vocab}), got {array.dtype} {array.shape}"
+            )
+    candidates = arrays["candidates"]
+    if candidates.ndim != 3 or candidates.shape[:2] != (trees, nodes):
+        raise _Damaged(f"candidates: expected [{trees}, {nodes}, C], got {candidates.shape}")
+    if width > vocab:
+        raise _Damaged(f"{width} stored tokens per node exceed vocab_size {vocab}")
+    counts = arrays["num_nodes"]
+    if np.any(counts < 1) or np.any(counts > nodes):
+        raise _Damaged(f"num_nodes: expected counts in [1, {nodes}]")
+    for name, high in (("parents", nodes), ("candidates", nodes), ("tokens", vocab)):
+        if np.any(arrays[name] < -1) or np.any(arrays[name] >= high):
+            raise _Damaged(f"{name}: entries outside [-1, {high})")
+    if "ids" in arrays and (np.any(arrays["ids"] < -1) or np.any(arrays["ids"] >= vocab)):
+        raise _Damaged(f"ids: entries outside [-1, {vocab})")
+    for name in ("target", "draft", "target_tail", "draft_tail"):
+        values = arrays[name]
+        if not np.all(np.isfinite(values)) or np.any(values < 0) or np.any(values > 1 + 1e-6):
+            raise _Damaged(f"{name}: probabilities outside [0, 1] (or NaN)")
+    try:
+        parse_shape(str(meta.get("shape")))
+        DrawLaw.of(meta.get("law"))
+    except (ValueError, TypeError, KeyError, SyntaxError) as err:
+        raise _Damaged(f"meta shape/law unreadable: {err}") from None
 
 
 @dataclass
@@ -125,42 +225,64 @@ class RecordedTrees:
         }
         if self.ids is not None:
             arrays["ids"] = self.ids
+        buffer = io.BytesIO()
+        np.savez_compressed(buffer, **arrays)
         temporary = out.with_name(out.name + ".part")
-        with open(temporary, "wb") as handle:
-            np.savez_compressed(handle, **arrays)
-        os.replace(temporary, out)
+        temporary.write_bytes(_sealed(buffer.getvalue()))
+        os.replace(temporary, out)  # an interrupted save never leaves a half file at ``out``
         return out
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> RecordedTrees:
-        """Read a file written by :meth:`save` (checking its format and version)."""
-        with np.load(Path(path), allow_pickle=False) as data:
-            if "meta" not in data.files:
-                raise ValueError(f"path: {path} is not a recorded-trees file (no 'meta')")
-            meta = json.loads(str(data["meta"]))
-            if meta.get("format") != FORMAT:
-                raise ValueError(
-                    f"path: {path} is not a recorded-trees file ({meta.get('format')!r})"
-                )
-            if meta.get("version") != VERSION:
-                raise ValueError(
-                    f"path: {path} has format version {meta.get('version')!r}; this specsampling "
-                    f"reads version {VERSION}"
-                )
-            ids = data["ids"] if "ids" in data.files else None
+        """Read a file written by :meth:`save`. A damaged, truncated or foreign file is refused
+        with one ``ValueError`` naming it and what is wrong: the format and version are checked,
+        then the file's sha256 seal (every byte, version 2), then every array's dtype and shape
+        against the others and the metadata, and the ranges of ids and probabilities."""
+        where = Path(path)
+        try:
+            raw = where.read_bytes()
+            with np.load(io.BytesIO(raw), allow_pickle=False) as data:
+                if "meta" not in data.files:
+                    raise _Damaged("not a recorded-trees file (no 'meta')")
+                meta = json.loads(str(data["meta"]))
+                if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+                    found = meta.get("format") if isinstance(meta, dict) else meta
+                    raise _Damaged(f"not a recorded-trees file ({found!r})")
+                version = meta.get("version")
+                if version not in (1, VERSION):
+                    raise ValueError(
+                        f"path: {where} has format version {version!r}; this specsampling "
+                        f"reads versions 1 and {VERSION}"
+                    )
+                if version >= 2:
+                    _check_seal(raw)
+                arrays = {name: data[name] for name in _ARRAYS if name in data.files}
+        except _Damaged as err:
+            raise ValueError(f"path: {where} is refused: {err}") from None
+        except (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile, zlib.error) as err:
+            if isinstance(err, FileNotFoundError) or str(err).startswith("path: "):
+                raise
+            raise ValueError(
+                f"path: {where} is refused: damaged or not a recorded-trees file "
+                f"({type(err).__name__}: {err})"
+            ) from None
+        try:
+            _check_layout(arrays, meta)
             return cls(
-                data["parents"],
-                data["tokens"],
-                data["num_nodes"],
-                data["expanded"],
-                data["target"],
-                data["draft"],
-                data["target_tail"],
-                data["draft_tail"],
-                ids,
-                data["candidates"],
+                arrays["parents"],
+                arrays["tokens"],
+                arrays["num_nodes"],
+                arrays["expanded"],
+                arrays["target"],
+                arrays["draft"],
+                arrays["target_tail"],
+                arrays["draft_tail"],
+                arrays.get("ids"),
+                arrays["candidates"],
                 meta,
             )
+        except (_Damaged, KeyError, ValueError, TypeError) as err:
+            raise ValueError(f"path: {where} is refused: {err}") from None
 
     # -- building -----------------------------------------------------------------------------
     @classmethod

@@ -28,7 +28,7 @@ def test_full_storage_round_trips_and_replays_the_exact_tables(recorded, tmp_pat
     path = recorded.save(tmp_path / "trees.npz")
     back = sim.RecordedTrees.load(path)
     assert len(back) == 300 and back.shape == ss.Shape.paths(2, 2) and back.vocab_size == 6
-    assert back.meta["format"] == "specsampling.recorded-trees" and back.meta["version"] == 1
+    assert back.meta["format"] == "specsampling.recorded-trees" and back.meta["version"] == 2
     pair = ss.pairs.Random(vocab_size=6, seed=0)
     assert sum(len(c) != len(set(c)) for i in range(300) for c in back.tree(i).candidates) > 0
     for i in range(0, 300, 37):
@@ -146,3 +146,100 @@ def test_record_captures_the_decoders_rounds(tmp_path) -> None:
     assert est.num_trees == len(back) and est.mean == pytest.approx(np.mean(exact), abs=1e-12)
     plain = sim.estimate("specinfer", back, method="plain", generator=0)
     assert abs(plain.mean - np.mean(exact)) <= 4.5 * plain.stderr + 1e-12, (plain, exact)
+
+
+# ----------------------------------------------------------------------------- damaged files
+def _rewritten(path, tmp_path, name, change):
+    """A copy of the recorded file with its arrays changed by ``change(arrays)`` (no seal)."""
+    with np.load(path) as data:
+        arrays = {k: data[k] for k in data.files}
+    change(arrays)
+    out = tmp_path / name
+    np.savez_compressed(out, **arrays)
+    return out
+
+
+def _damaged(path, tmp_path):
+    """``(label, file)`` of every corruption: truncation at every 1/16th, 24 seeded byte flips,
+    each member dropped, meta not JSON, and sealed-looking but inconsistent arrays."""
+    raw = path.read_bytes()
+    cases = []
+    for sixteenth in range(16):
+        cases.append((f"truncated at {sixteenth}/16", raw[: len(raw) * sixteenth // 16]))
+    rng = np.random.default_rng(7)
+    for position in rng.choice(len(raw), size=24, replace=False):
+        flipped = bytearray(raw)
+        flipped[position] ^= 1 << int(rng.integers(8))
+        cases.append((f"bit flipped at byte {position}", bytes(flipped)))
+    cases.append(("random bytes", rng.bytes(len(raw))))
+    files = []
+    for label, content in cases:
+        out = tmp_path / f"case{len(files)}.npz"
+        out.write_bytes(content)
+        files.append((label, out))
+    with np.load(path) as data:
+        names = list(data.files)
+    for dropped in names:
+        files.append(
+            (
+                f"{dropped} dropped",
+                _rewritten(path, tmp_path, f"no-{dropped}.npz", lambda a, d=dropped: a.pop(d)),
+            )
+        )
+
+    def not_json(arrays):
+        arrays["meta"] = np.array("{not json")
+
+    def cut_target(arrays):
+        arrays["target"] = arrays["target"][:3]
+
+    def bad_ids(arrays):
+        arrays["tokens"] = np.where(arrays["tokens"] >= 0, 10**6, -1)
+
+    def old_version(change):
+        def apply(arrays):
+            change(arrays)
+            meta = json.loads(str(arrays["meta"]))
+            meta["version"] = 1  # version 1 carries no seal: the layout checks must catch it
+            arrays["meta"] = np.array(json.dumps(meta))
+
+        return apply
+
+    files.append(("meta not JSON", _rewritten(path, tmp_path, "notjson.npz", not_json)))
+    for label, change in (("target cut to 3 rows", cut_target), ("token ids >= V", bad_ids)):
+        name = label.replace(" ", "-") + ".npz"
+        files.append((label, _rewritten(path, tmp_path, name, old_version(change))))
+    return files
+
+
+def test_every_damaged_file_is_refused_at_load(recorded, tmp_path) -> None:
+    """No corruption reaches ``estimate``: each gives one ValueError naming the file."""
+    path = recorded.save(tmp_path / "good.npz")
+    assert len(sim.RecordedTrees.load(path)) == len(recorded)
+    refused = 0
+    for label, damaged in _damaged(path, tmp_path):
+        with pytest.raises(ValueError, match=f"path: {damaged}") as caught:
+            sim.RecordedTrees.load(damaged)
+        assert "refused" in str(caught.value) or "version" in str(caught.value), label
+        refused += 1
+    assert refused == 16 + 24 + 1 + 10 + 3  # a full-storage file has 10 members
+
+
+def test_a_version_1_file_still_loads_and_save_is_atomic(recorded, tmp_path, monkeypatch) -> None:
+    path = recorded.save(tmp_path / "good.npz")
+
+    def as_version_1(arrays):
+        meta = json.loads(str(arrays["meta"]))
+        meta["version"] = 1
+        arrays["meta"] = np.array(json.dumps(meta))
+
+    old = sim.RecordedTrees.load(_rewritten(path, tmp_path, "v1.npz", as_version_1))
+    np.testing.assert_array_equal(old.target, recorded.target)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(np, "savez_compressed", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        recorded.save(tmp_path / "never.npz")
+    assert not (tmp_path / "never.npz").exists()
