@@ -33,7 +33,7 @@ from specsampling.keyed import KeyedNoise
 from specsampling.keyed.laws import as_floats
 from specsampling.pairs import check_model_pair
 from specsampling.shapes import check_shape
-from specsampling.validation import check_positive_int
+from specsampling.validation import check_positive_int, check_prefix
 
 from . import keyed as gk
 from .schemes import SCHEMES, get_lowering
@@ -204,7 +204,7 @@ def generate(
     check_shape(shape)
     count = check_positive_int(length, "length")
     keys = row_keys(key, batch_size)
-    start = tuple(int(t) for t in prefix)
+    start = check_prefix(prefix, pair.vocab_size)
     # Validates the window; context_words reads only the window and the start from it.
     noise = KeyedNoise(keys[0], window, start=len(start))
     plan = lowering.plan(shape)

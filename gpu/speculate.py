@@ -29,7 +29,7 @@ import torch
 from specsampling.pairs import ModelPair, check_model_pair
 from specsampling.schemes import tables
 from specsampling.shapes import Shape, check_shape
-from specsampling.validation import check_positive_int
+from specsampling.validation import check_positive_int, check_prefix
 
 from . import drafting
 from .api import tables_batch, verify
@@ -132,7 +132,7 @@ class Speculator:
                 f"generator: expected a torch.Generator, got {type(generator).__name__}"
             )
         device = torch.device("cpu") if generator is None else generator.device
-        start = tuple(int(t) for t in prefix)
+        start = check_prefix(prefix, self.pair.vocab_size)
         tokens: list[tuple[int, ...]] = [()] * batch_size
         emitted: list[list[int]] = [[] for _ in range(batch_size)]
         for _ in range(num_rounds):

@@ -40,6 +40,7 @@ from specsampling.gpu import verify as gpu_verify
 from specsampling.gpu.noise import Noise as BatchNoise
 from specsampling.schemes.base import KeyedCoupling, TreeVerifier
 from specsampling.shapes import Shape, check_shape
+from specsampling.validation import check_names
 
 from .sources import Drafted, as_generator, draft_batches
 from .stats import Comparison, Estimate
@@ -353,9 +354,7 @@ def compare(
     >>> d.stderr < out["traversal"].stderr  # pairing removes the shared drafting noise
     True
     """
-    names = list(schemes)
-    if not names:
-        raise ValueError("schemes: expected at least one scheme")
+    names = list(check_names(schemes, "schemes"))  # one name is one scheme, never its letters
     labels = [resolve(s).name for s in names]
     if len(set(labels)) != len(labels):
         raise ValueError(f"schemes: each scheme once, got {labels}")

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specsampling.shapes import Shape
-from specsampling.validation import check_positive_int
+from specsampling.validation import check_names, check_positive_int
 
 from .estimators import estimate, resolve
 from .policies import HeapTree, OptTree
@@ -116,7 +116,7 @@ def candidate_shapes(
     obj = resolve(scheme)
     budget = check_positive_int(budget, "budget")
     depth = budget if max_depth is None else check_positive_int(max_depth, "max_depth")
-    names = FAMILIES if families is None else tuple(families)
+    names = FAMILIES if families is None else check_names(families, "families")
     unknown = sorted(set(names) - set(FAMILIES))
     if unknown:
         raise ValueError(f"families: unknown {unknown}; expected some of {FAMILIES}")
@@ -172,6 +172,11 @@ def delayed_grid(
             out.append(Shape.paths(k, b))
         else:
             out.append(Shape.delayed(k, trunk=t, branch=b))
+    if not out:
+        raise ValueError(
+            "delayed_grid: no shape in the grid (every combination drafts nothing: some trunk "
+            "or branch length must be >= 1, with num_drafts >= 1)"
+        )
     return list(dict.fromkeys(out))
 
 
@@ -265,6 +270,11 @@ def search_shape(
     budget = check_positive_int(budget, "budget")
     rounds = check_positive_int(rounds, "rounds")
     check_positive_int(num_trees, "num_trees", minimum=2)
+    if hasattr(source, "batches"):
+        raise ValueError(
+            f"source: recorded trees hold one drafted shape ({source.shape!r}); search_shape "
+            "drafts new shapes and needs a model pair (estimate or compare replay recorded trees)"
+        )
     if method == "verifier":
         wanted = DEFAULT_FAMILIES if families is None else families
         candidates: list[Any] = candidate_shapes(scheme, budget, wanted, max_depth)

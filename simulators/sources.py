@@ -29,6 +29,7 @@ from specsampling.gpu.tree import TreeBatch
 from specsampling.pairs import ModelPair, check_model_pair
 from specsampling.schemes import tables
 from specsampling.shapes import Shape, check_shape
+from specsampling.validation import check_positive_int, check_prefix
 
 from .pairs import Synthetic
 
@@ -83,12 +84,14 @@ def draft_batches(
     if isinstance(shape, Shape) or not hasattr(shape, "draft_trees"):
         shape = check_shape(shape)
     pair = check_model_pair(pair, "pair")
+    if batch_size is not None:
+        batch_size = check_positive_int(batch_size, "batch_size")
     size = batch_size or default_batch_size(shape, pair.vocab_size)
     # Roots and drafting noise come from separate streams, the roots drawn all at once: every
     # shape (whatever its batch size) drafts after the same contexts for the same generator.
     root_rng, noise_rng = generator.spawn(2)
     if prefix is not None:
-        all_roots = [tuple(int(t) for t in prefix)] * num_trees
+        all_roots = [check_prefix(prefix, pair.vocab_size)] * num_trees
     elif hasattr(pair, "roots"):
         all_roots = list(pair.roots(num_trees, root_rng))
     else:

@@ -12,7 +12,7 @@ from .pairs import ModelPair, check_model_pair
 from .schemes import SCHEMES, KeyedCoupling, SchemeLike, Verdict, get_scheme
 from .shapes import Shape, check_shape
 from .tree import DraftTree
-from .validation import check_positive_int
+from .validation import check_positive_int, check_prefix
 
 
 class Round(NamedTuple):
@@ -75,10 +75,11 @@ def speculate(
     check_shape(shape)
     if not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng: expected a numpy.random.Generator, got {type(rng).__name__}")
+    prefix = check_prefix(prefix, pair.vocab_size)
     if noise is None:
-        tree, verdict = resolved.sample(pair, shape, rng, tuple(prefix))
+        tree, verdict = resolved.sample(pair, shape, rng, prefix)
     elif isinstance(resolved, KeyedCoupling):
-        tree, verdict = resolved.sample_keyed(pair, shape, noise, tuple(prefix))
+        tree, verdict = resolved.sample_keyed(pair, shape, noise, prefix)
     else:
         raise ValueError(
             f"key: scheme {resolved.name!r} does not use keyed noise; only the keyed couplings "
@@ -121,6 +122,8 @@ def generate(
     True
     """
     length = check_positive_int(length, "length")
+    check_model_pair(pair)
+    prefix = check_prefix(prefix, pair.vocab_size)
     noise = None
     if key is not None:
         noise = KeyedNoise(key, window, start=len(tuple(prefix)))

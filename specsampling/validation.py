@@ -205,6 +205,55 @@ def check_token(token: Any, name: str, vocab_size: int) -> int:
     return int(token)
 
 
+def check_prefix(prefix: Any, vocab_size: int, name: str = "prefix") -> tuple[int, ...]:
+    """Validate a context of token ids: a sequence (not a string) of ids in ``[0, vocab_size)``.
+
+    The one check of a prefix for the numpy reference, ``specsampling.gpu`` and the simulators.
+
+    >>> check_prefix([1, 0], 4)
+    (1, 0)
+    >>> check_prefix([1, 7], 4)
+    Traceback (most recent call last):
+    ...
+    specsampling.errors.InvalidDistribution: prefix[1]: id 7 out of range [0, 4)
+    >>> check_prefix("ab", 4)
+    Traceback (most recent call last):
+    ...
+    TypeError: prefix: expected a sequence of token ids, got a string 'ab'
+    """
+    if isinstance(prefix, (str, bytes)):
+        raise TypeError(f"{name}: expected a sequence of token ids, got a string {prefix!r}")
+    if hasattr(prefix, "tolist") and not isinstance(prefix, (list, tuple)):
+        prefix = prefix.tolist()  # a numpy array or torch tensor
+    try:
+        items = list(prefix)
+    except TypeError:
+        raise TypeError(
+            f"{name}: expected a sequence of token ids, got {type(prefix).__name__}"
+        ) from None
+    return tuple(check_token(t, f"{name}[{i}]", vocab_size) for i, t in enumerate(items))
+
+
+def check_names(value: Any, name: str) -> tuple[Any, ...]:
+    """One name or several: a single string (or any non-sequence object) is one item, never
+    iterated per character; a list or tuple is its items (at least one).
+
+    >>> check_names("traversal", "schemes"), check_names(["nss", "spectr"], "schemes")
+    (('traversal',), ('nss', 'spectr'))
+    >>> check_names([], "schemes")
+    Traceback (most recent call last):
+    ...
+    ValueError: schemes: expected at least one, got an empty list
+    """
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise ValueError(f"{name}: expected at least one, got an empty {type(value).__name__}")
+        return tuple(value)
+    if isinstance(value, (set, frozenset)):
+        raise TypeError(f"{name}: expected a list or tuple (in order), got {type(value).__name__}")
+    return (value,)
+
+
 def check_positive_int(value: Any, name: str, minimum: int = 1) -> int:
     """Validate an integer argument ``>= minimum``."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):

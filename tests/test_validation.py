@@ -488,3 +488,62 @@ def test_torch_tensors_are_read_and_bf16_is_named():
     np.testing.assert_array_equal(check_distribution(torch.tensor(GOOD), "target"), GOOD)
     with pytest.raises(ss.InvalidDistribution, match=r"target: cannot convert .*float\(\)"):
         check_distribution(torch.tensor(GOOD, dtype=torch.bfloat16), "target")
+
+
+# ----------------------------------------------------------------- one check per kind of argument
+def test_a_prefix_is_checked_alike_on_every_surface() -> None:
+    """A prefix with an id >= V (or a string) is refused by the numpy reference, the torch
+    backend and the simulators, with the same message from one helper."""
+    torch = pytest.importorskip("torch")
+    import specsampling.gpu as ssg
+    from specsampling import simulators as sim
+
+    pair = ss.pairs.Random(vocab_size=4, seed=0)
+    shape = ss.Shape.chain(2)
+    rng = np.random.default_rng(0)
+    calls = {
+        "ss.speculate": lambda p: ss.speculate("standard", pair, shape, rng, prefix=p),
+        "ss.generate": lambda p: ss.generate("standard", pair, shape, 3, rng, prefix=p),
+        "ssg.speculate": lambda p: ssg.speculate(
+            "standard", pair, shape, 1, torch.Generator().manual_seed(0), p, 1
+        ),
+        "ssg.generate": lambda p: ssg.generate("gumbel", pair, shape, 3, key=1, prefix=p),
+        "sim.estimate": lambda p: sim.estimate(
+            "standard", pair, shape, num_trees=4, generator=0, prefix=p, progress=False
+        ),
+    }
+    for label, call in calls.items():
+        with pytest.raises(
+            ss.InvalidDistribution, match=r"prefix\[1\]: id 9 out of range \[0, 4\)"
+        ):
+            call([1, 9])
+        with pytest.raises(TypeError, match="prefix: expected a sequence of token ids"):
+            call("ab")
+        assert call([1, 2]) is not None, label
+
+
+def test_one_name_is_never_iterated_per_character() -> None:
+    from specsampling import simulators as sim
+
+    pair = ss.pairs.Random(vocab_size=4, seed=0)
+    out = sim.compare(
+        "traversal", pair, ss.Shape.chain(2), num_trees=4, generator=0, progress=False
+    )
+    assert list(out.estimates) == ["traversal"]
+    chains = sim.candidate_shapes("traversal", 3, families="chain")
+    assert [repr(s) for s in chains] == ["chain(1)", "chain(2)", "chain(3)"]
+    with pytest.raises(ValueError, match="schemes: expected at least one"):
+        sim.compare([], pair, ss.Shape.chain(2), num_trees=4)
+
+
+def test_empty_batches_grids_and_recorded_searches_are_refused() -> None:
+    from specsampling import simulators as sim
+
+    pair = ss.pairs.Random(vocab_size=4, seed=0)
+    with pytest.raises(ValueError, match="batch_size: expected an integer >= 1"):
+        sim.estimate("nss", pair, ss.Shape.chain(2), num_trees=4, batch_size=0, progress=False)
+    with pytest.raises(ValueError, match="delayed_grid: no shape"):
+        sim.delayed_grid([0], [0], [0])
+    recorded = sim.RecordedTrees.from_pair(pair, ss.Shape.paths(2, 2), 8, generator=0)
+    with pytest.raises(ValueError, match=r"source: recorded trees hold one drafted shape"):
+        sim.search_shape("traversal", recorded, budget=4)
