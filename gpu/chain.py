@@ -41,7 +41,7 @@ from specsampling.tree import DrawLaw
 
 from . import ops
 from .api import TOLERANCE, raise_row_defect
-from .noise import Noise
+from .noise import Noise, check_generator
 from .schemes import tree_lowering
 from .schemes.base import TreeLowering, Verified
 from .schemes.rsd import RSD
@@ -350,6 +350,7 @@ def chain_noise(
 ) -> Noise:
     """Fresh float64 uniforms ``[B, γ + 1]`` (accept, then sample) -- never float32, whose
     draws bottom out at 2^-24 (vllm-project/vllm#43150)."""
+    generator = check_generator(generator)
     where = device if generator is None else generator.device
     shape = (batch_size, gamma + 1)
     accept = torch.rand(shape, dtype=torch.float64, generator=generator, device=where)

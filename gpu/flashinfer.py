@@ -39,7 +39,7 @@ import torch
 from specsampling.errors import InvalidDistribution
 
 from .chain import STANDARD_CHAIN, check_chain_round, draft_lengths, padded_tables
-from .noise import Noise
+from .noise import Noise, check_generator
 
 
 def chain_speculative_sampling(
@@ -145,6 +145,9 @@ def row_noise(
     owns a generator object)."""
     batch_size = int(num_drafts.shape[0])
     shape = (batch_size, width + 1)
+    generator = check_generator(generator)
+    if generators is not None:
+        generators = [check_generator(g, f"generators[{i}]") for i, g in enumerate(generators)]
     where = device if generator is None else generator.device
     accept = torch.rand(shape, dtype=torch.float64, generator=generator, device=where).to(device)
     sample = torch.rand(shape, dtype=torch.float64, generator=generator, device=where).to(device)

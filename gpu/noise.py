@@ -10,7 +10,7 @@ visibly.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -62,8 +62,9 @@ class Noise(NamedTuple):
         return cls(arrays[0], arrays[1])
 
     @classmethod
-    def draw(cls, batch: TreeBatch, generator: torch.Generator | None = None) -> Noise:
+    def draw(cls, batch: TreeBatch, generator: torch.Generator | int | None = None) -> Noise:
         """Fresh independent float64 uniforms for every lane of ``batch`` (on its device)."""
+        generator = check_generator(generator)
         shape = tuple(batch.parents.shape)  # (B, N)
         device = batch.device if generator is None else generator.device
         accept = torch.rand(shape, dtype=torch.float64, generator=generator, device=device)
@@ -100,3 +101,27 @@ class Noise(NamedTuple):
             if bool(bad.any()):
                 row = int(bad.nonzero()[0, 0])
                 raise InvalidDistribution(f"noise.{name}[{row}]: uniforms must lie in [0, 1)")
+
+
+def check_generator(generator: Any, name: str = "generator") -> torch.Generator | None:
+    """``generator`` as a :class:`torch.Generator`: ``None`` and generators as they are, an int
+    seeds a fresh CPU generator (as numpy's ``default_rng(seed)``); anything else is refused
+    naming ``name``. The one check of every ``generator=`` in :mod:`specsampling.gpu`.
+
+    >>> check_generator(3).initial_seed()
+    3
+    >>> check_generator("3")
+    Traceback (most recent call last):
+    ...
+    TypeError: generator: expected a torch.Generator, an int seed or None, got str '3'
+    """
+    if generator is None or isinstance(generator, torch.Generator):
+        return generator
+    if isinstance(generator, (int, np.integer)) and not isinstance(generator, bool):
+        if generator < 0:
+            raise ValueError(f"{name}: a seed is an integer >= 0, got {generator}")
+        return torch.Generator().manual_seed(int(generator))
+    raise TypeError(
+        f"{name}: expected a torch.Generator, an int seed or None, got "
+        f"{type(generator).__name__} {generator!r}"
+    )

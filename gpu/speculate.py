@@ -33,7 +33,7 @@ from specsampling.validation import check_positive_int, check_prefix
 
 from . import drafting
 from .api import tables_batch, verify
-from .noise import Noise
+from .noise import Noise, check_generator
 from .schemes import tree_lowering
 
 
@@ -127,10 +127,7 @@ class Speculator:
         """``num_rounds`` rounds for ``batch_size`` rows starting after ``prefix``."""
         num_rounds = check_positive_int(num_rounds, "num_rounds")
         batch_size = check_positive_int(batch_size, "batch_size")
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise TypeError(
-                f"generator: expected a torch.Generator, got {type(generator).__name__}"
-            )
+        generator = check_generator(generator)
         device = torch.device("cpu") if generator is None else generator.device
         start = check_prefix(prefix, self.pair.vocab_size)
         tokens: list[tuple[int, ...]] = [()] * batch_size

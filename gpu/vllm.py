@@ -36,7 +36,7 @@ import torch
 from specsampling.errors import InvalidDistribution
 
 from .chain import STANDARD_CHAIN, ChainTables, check_chain_round
-from .noise import Noise
+from .noise import Noise, check_generator
 from .tree import PAD
 
 
@@ -159,6 +159,8 @@ def request_noise(
     ``generator``. One loop over the *seeded* requests (each owns a generator object)."""
     batch_size = len(counts)
     shape = (batch_size, width + 1)
+    generator = check_generator(generator)
+    generators = {row: check_generator(g, f"generators[{row}]") for row, g in generators.items()}
     where = device if generator is None else generator.device
     accept = torch.rand(shape, dtype=torch.float64, generator=generator, device=where).to(device)
     sample = torch.rand(shape, dtype=torch.float64, generator=generator, device=where).to(device)

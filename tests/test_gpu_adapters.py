@@ -316,3 +316,30 @@ def test_flashinfer_law_is_the_target() -> None:
     ids, _, _ = chain_speculative_sampling(draft, tokens.reshape(draws, k), target, generator=g)
     observed = np.bincount(ids[:, 0].numpy(), minlength=vocab)
     assert stats.chisquare(observed, p * draws).pvalue > 1e-4
+
+
+def test_every_generator_argument_takes_an_int_seed_or_says_what_it_wants() -> None:
+    """``generator=0`` seeds a CPU generator (numpy-style) on every entry point, the same as
+    passing ``torch.Generator().manual_seed(0)``; a string is refused naming the argument."""
+    from specsampling.gpu.noise import check_generator
+
+    tokens = torch.tensor([[1, 2]])
+    target = torch.full((1, 3, 4), 0.25)
+    draft = torch.full((1, 2, 4), 0.25)
+    seeded = ssg.verify_chain("standard", tokens, target, draft, generator=0)
+    by_hand = ssg.verify_chain(
+        "standard", tokens, target, draft, generator=torch.Generator().manual_seed(0)
+    )
+    assert torch.equal(seeded.tokens, by_hand.tokens)
+    for bad in ("0", 1.5):
+        with pytest.raises(TypeError, match=r"generator: expected a torch\.Generator, an int seed"):
+            ssg.verify_chain("standard", tokens, target, draft, generator=bad)
+    with pytest.raises(ValueError, match="generator: a seed is an integer >= 0"):
+        check_generator(-1)
+    with pytest.raises(TypeError, match=r"generators\[1\]: expected a torch\.Generator"):
+        ssg.flashinfer.chain_speculative_sampling(
+            draft.expand(2, -1, -1),
+            tokens.expand(2, -1),
+            target.expand(2, -1, -1),
+            generators=[None, "x"],
+        )
