@@ -8,7 +8,7 @@ host synchronisation, and ``validate=False`` skips them (the sync-free hot path)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -42,8 +42,22 @@ def tables_batch(
     """Stack per-tree ``(num_nodes, V)`` tables into ``[B, N, V]`` tensors, padding the rows
     of missing nodes with ``pad`` (never read)."""
     stacked = []
-    for tables in (target_tables, draft_tables):
+    for name, tables in (("target_tables", target_tables), ("draft_tables", draft_tables)):
+        if isinstance(tables, (str, bytes)) or not isinstance(tables, Iterable):
+            raise TypeError(f"{name}: expected a sequence of (num_nodes, V) tables, got {tables!r}")
         arrays = [np.asarray(t, dtype=np.float64) for t in tables]
+        if not arrays:
+            raise ValueError(f"{name}: expected one (num_nodes, V) table per tree, got none")
+        for row, array in enumerate(arrays):
+            if array.ndim != 2 or array.shape[1] != arrays[0].shape[1]:
+                raise ValueError(
+                    f"{name}[{row}]: expected shape (num_nodes, {arrays[0].shape[-1]}), got "
+                    f"{array.shape}"
+                )
+        if stacked and stacked[0].shape[0] != len(arrays):
+            raise ValueError(
+                f"draft_tables: {len(arrays)} tables, but target_tables has {stacked[0].shape[0]}"
+            )
         num_nodes = max(a.shape[0] for a in arrays)
         out = np.full((len(arrays), num_nodes, arrays[0].shape[1]), pad)  # [B, N, V]
         for row, array in enumerate(arrays):
@@ -92,6 +106,11 @@ def verify(
     lowering.check_batch(batch)
     if noise is None:
         noise = Noise.draw(batch, generator)
+    elif not isinstance(noise, Noise):
+        raise TypeError(
+            f"noise: expected a specsampling.gpu.Noise (Noise(accept, sample), or "
+            f"Noise.from_reference), got {type(noise).__name__}"
+        )
     if validate:
         check_batch_round(batch, target_probs, draft_probs, noise, tolerance)
     dtype = ops.compute_dtype(target_probs, draft_probs)

@@ -485,6 +485,11 @@ def verify_chain(
     draft_tokens = draft_tokens.to(torch.long)
     batch_size, gamma = draft_tokens.shape
     num_drafts = draft_lengths(draft_tokens, num_draft_tokens)
+    if noise is not None and not isinstance(noise, Noise):
+        raise TypeError(
+            f"noise: expected a specsampling.gpu.Noise (Noise(accept, sample) of [B, γ + 1] "
+            f"uniforms), got {type(noise).__name__}"
+        )
     if validate:
         check_chain_round(draft_tokens, target_probs, draft_probs, noise, num_drafts, tolerance)
     if noise is None:

@@ -11,7 +11,7 @@ same multiset the reference ratio schemes test in order. Each row keeps its tree
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -104,6 +104,10 @@ class TreeBatch:
     ) -> TreeBatch:
         """Pad reference trees into one batch (``N``: the largest tree, ``C``: the longest
         candidate list, at least 1)."""
+        if isinstance(trees, DraftTree):
+            raise TypeError("trees: expected a sequence of DraftTrees, got one DraftTree ([tree])")
+        if not isinstance(trees, Iterable) or isinstance(trees, (str, bytes)):
+            raise TypeError(f"trees: expected a sequence of DraftTrees, got {trees!r}")
         trees = list(trees)
         if not trees:
             raise ValueError("trees: expected at least one DraftTree")

@@ -343,3 +343,23 @@ def test_every_generator_argument_takes_an_int_seed_or_says_what_it_wants() -> N
             target.expand(2, -1, -1),
             generators=[None, "x"],
         )
+
+
+def test_batches_tables_and_noise_of_the_wrong_kind_say_what_they_expect() -> None:
+    import specsampling as ss
+
+    tree = ss.Shape.chain(2).draft(ss.pairs.Random(vocab_size=4, seed=0), np.random.default_rng(0))
+    with pytest.raises(TypeError, match=r"trees: expected a sequence of DraftTrees, got one"):
+        ssg.TreeBatch.from_trees(tree)
+    with pytest.raises(TypeError, match="trees: expected a sequence of DraftTrees, got None"):
+        ssg.TreeBatch.from_trees(None)
+    with pytest.raises(ValueError, match="target_tables: expected one"):
+        ssg.tables_batch([], [])
+    with pytest.raises(ValueError, match=r"draft_tables: 1 tables, but target_tables has 2"):
+        ssg.tables_batch([np.eye(3)[:1]] * 2, [np.eye(3)[:1]])
+    batch = ssg.TreeBatch.from_trees([tree])
+    target = torch.full((1, 3, 4), 0.25, dtype=torch.float64)
+    with pytest.raises(TypeError, match=r"noise: expected a specsampling\.gpu\.Noise"):
+        ssg.verify("standard", batch, target, target, noise=(0.5, 0.5))
+    with pytest.raises(TypeError, match=r"noise: expected a specsampling\.gpu\.Noise"):
+        ssg.verify_chain("standard", torch.tensor([[1, 2]]), target, target[:, :2], noise=(1, 2))
