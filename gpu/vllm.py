@@ -35,7 +35,8 @@ import torch
 
 from specsampling.errors import InvalidDistribution
 
-from .chain import STANDARD_CHAIN, ChainTables, check_chain_round
+from .api import TOLERANCE, raise_row_defect
+from .chain import STANDARD_CHAIN, ChainTables
 from .noise import Noise, check_generator
 from .tree import PAD
 
@@ -197,10 +198,15 @@ def _check(
         )
     if counts and max(counts) > width:
         raise InvalidDistribution(f"max_spec_len: {width} < the longest draft {max(counts)}")
-    if not isinstance(draft_token_ids, torch.Tensor) or tuple(draft_token_ids.shape) != (
-        num_tokens,
-    ):
-        raise InvalidDistribution(f"draft_token_ids: expected shape ({num_tokens},)")
+    if not isinstance(draft_token_ids, torch.Tensor):
+        raise InvalidDistribution(
+            f"draft_token_ids: expected a torch.Tensor of shape ({num_tokens},) (as vLLM passes "
+            f"it), got {type(draft_token_ids).__name__}"
+        )
+    if tuple(draft_token_ids.shape) != (num_tokens,):
+        raise InvalidDistribution(
+            f"draft_token_ids: expected shape ({num_tokens},), got {tuple(draft_token_ids.shape)}"
+        )
     cumulative = torch.tensor(counts, dtype=torch.long).cumsum(0)
     if tuple(cu_num_draft_tokens.shape) != (batch_size,) or not torch.equal(
         cu_num_draft_tokens.cpu().long(), cumulative
@@ -222,17 +228,25 @@ def _check(
         if not bool(torch.isfinite(target_probs).all()):
             raise InvalidDistribution("target_probs: NaN or inf in a greedy batch")
         return
-    # the row checks (NaN/inf, negative, mass), on [T, 1, V] views
-    tokens = torch.zeros((num_tokens, 0), dtype=torch.long, device=target_probs.device)
-    lengths = torch.zeros(num_tokens, dtype=torch.long, device=target_probs.device)
-    check_chain_round(tokens, target_probs[:, None], None, None, lengths)
+    _check_rows("target_probs", target_probs)
     if draft_probs is not None:
         if not isinstance(draft_probs, torch.Tensor) or tuple(draft_probs.shape) != (
             num_tokens,
             vocab_size,
         ):
             raise InvalidDistribution(f"draft_probs: expected shape ({num_tokens}, {vocab_size})")
-        check_chain_round(tokens, draft_probs[:, None], None, None, lengths)
+        _check_rows("draft_probs", draft_probs)
+
+
+def _check_rows(name: str, probs: torch.Tensor) -> None:
+    """Every row of ``probs [T, V]`` a distribution (finite, non-negative, mass 1 to
+    the input dtype's ``TOLERANCE``), else the first bad row named as ``name[t, 0]``."""
+    tol = TOLERANCE.get(probs.dtype, TOLERANCE[torch.float32])
+    values = probs.to(torch.promote_types(torch.float32, probs.dtype))
+    mass = values.sum(-1)  # [T]
+    ok = torch.isfinite(values).all(-1) & (values >= 0).all(-1) & ((mass - 1).abs() <= tol)
+    if not bool(ok.all()):
+        raise_row_defect(name, values[:, None], mass[:, None], ok[:, None], tol)
 
 
 __all__ = ["rejection_sample", "request_noise"]

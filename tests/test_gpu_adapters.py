@@ -363,3 +363,24 @@ def test_batches_tables_and_noise_of_the_wrong_kind_say_what_they_expect() -> No
         ssg.verify("standard", batch, target, target, noise=(0.5, 0.5))
     with pytest.raises(TypeError, match=r"noise: expected a specsampling\.gpu\.Noise"):
         ssg.verify_chain("standard", torch.tensor([[1, 2]]), target, target[:, :2], noise=(1, 2))
+
+
+def test_vllm_adapter_names_the_argument_at_fault() -> None:
+    """A NaN or a mass of 2 in ``draft_probs`` is blamed on ``draft_probs``, not on
+    ``target_probs``; a Python list of draft ids is told it must be a tensor."""
+    target = torch.full((3, 4), 0.25)
+    args = {
+        "draft_token_ids": torch.tensor([1, 2, 3]),
+        "num_draft_tokens": [3],
+        "max_spec_len": 3,
+        "cu_num_draft_tokens": torch.tensor([3]),
+        "target_probs": target,
+        "bonus_token_ids": torch.tensor([[0]]),
+    }
+    for defect, message in ((float("nan"), "NaN or inf"), (0.5, "mass")):
+        draft = target.clone()
+        draft[1, 2] = defect if defect != 0.5 else 1.25  # NaN, or a row of mass 2
+        with pytest.raises(ss.InvalidDistribution, match=rf"draft_probs\[1, 0\]: .*{message}"):
+            ssg.vllm.rejection_sample(draft_probs=draft, **args)
+    with pytest.raises(ss.InvalidDistribution, match=r"draft_token_ids: expected a torch\.Tensor"):
+        ssg.vllm.rejection_sample(draft_probs=None, **{**args, "draft_token_ids": [1, 2, 3]})
