@@ -222,7 +222,8 @@ def test_decode_command_prints_the_greedy_text_and_stats(smol, capsys):
     cut = next((i + 1 for i, token in enumerate(reply) if token in stops), len(reply))
     assert main([*argv, "--max-new-tokens", "40"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(prompt + tokenizer.decode(reply[:cut], skip_special_tokens=True) + "\n")
+    text = tokenizer.decode(reply[:cut], skip_special_tokens=True)
+    assert out.startswith(prompt + "\n" + text + "\n")  # the reply on its own line
     assert "<|im_" not in out and f"{cut} tokens in" in out
     assert main(["decode", "--target", "smollm2-135m", "--prompt", "x", "--shape", "nope"]) == 2
     assert "shape" in capsys.readouterr().err

@@ -280,7 +280,8 @@ def _decode(args: argparse.Namespace) -> int:
         draft = load_model(args.draft, dtype=dtype)[0]
     decoder = SpeculativeDecoder(target, draft, args.scheme, args.shape)
     ids = prompt_ids(tokenizer, args.prompt, args.chat_template)
-    streamer = Streamer(tokenizer, args.prompt)
+    templated = args.chat_template and bool(getattr(tokenizer, "chat_template", None))
+    streamer = Streamer(tokenizer, args.prompt + ("\n" if templated else ""))  # a reply: own line
     with torch.no_grad():
         out = decoder.generate(
             ids,
