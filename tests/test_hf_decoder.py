@@ -487,3 +487,22 @@ def test_self_draft_accepts_every_position(gamma):
             assert row == (gamma + 1,) * 4, (scheme, row)
         assert out.stats.block_efficiency == gamma + 1
         assert out.stats.target_forwards == 1 + 4  # the prefill, then one per round
+
+
+def test_the_draft_cache_does_not_outlive_the_call(pair, monkeypatch):
+    """A decoder kept for later calls holds no KV cache between them, nor after an error in a
+    round."""
+    target, draft = pair
+    dec = SpeculativeDecoder(target, draft, "standard", Shape.chain(3))
+    out = dec.generate(torch.tensor([PROMPTS[0]]), max_new_tokens=6, seed=0)
+    assert dec.drafter.kv is None and out.stats.draft_forwards > 0
+    seen = []
+
+    def fails(state, proposal, target_probs):
+        seen.append(dec.drafter.kv is not None)  # the cache exists during the round
+        raise RuntimeError("verification failed")
+
+    monkeypatch.setattr(dec.verification, "verify", fails)
+    with pytest.raises(RuntimeError, match="verification failed"):
+        dec.generate(torch.tensor([PROMPTS[0]]), max_new_tokens=6, seed=0)
+    assert seen == [True] and dec.drafter.kv is None

@@ -200,7 +200,6 @@ class SpeculativeDecoder:
         self.drafter.check(target, self.verification)
         #: Set to a list to record a :class:`RoundTrace` of every round.
         self.traces: list[RoundTrace] | None = None
-        self.state: DecodeState | None = None
 
     # ------------------------------------------------------------------ generate
     @torch.no_grad()
@@ -271,7 +270,6 @@ class SpeculativeDecoder:
             streamer,
             tracing=self.traces is not None,
         )
-        self.state = state
         if streamer is not None:
             streamer.put(prompt[0].cpu())
         try:
@@ -282,6 +280,7 @@ class SpeculativeDecoder:
                 while state.active:
                     self.round(state)
         finally:  # a consumer waiting on the streamer is released even after an error
+            self.drafter.stop()  # its cache is not kept past the call
             if streamer is not None:
                 streamer.end()
         return self.output(state, pad_token_id, time.perf_counter() - started)

@@ -10,7 +10,7 @@ tokens come from the draw law the verifier is exact for, read only from the draf
 distributions and the drafting noise.
 
 Implement :class:`Drafter` to add one (``propose`` and, when it keeps a cache, ``start``,
-``commit`` and ``select_rows``); the implementations here:
+``commit``, ``select_rows`` and ``stop``); the implementations here:
 
 * :class:`NoDraft` -- nothing drafted: plain decoding with the target (the root alone);
 * :class:`NGramDraft` -- prompt lookup: a deterministic chain, a point-mass draft;
@@ -110,6 +110,9 @@ class Drafter(ABC):
 
     def select_rows(self, rows: torch.Tensor) -> None:  # noqa: B027 (no-op default)
         """Keep only the batch rows ``rows [B']`` (finished rows leave)."""
+
+    def stop(self) -> None:  # noqa: B027 (no-op default)
+        """The ``generate`` call ended (also on an error): release any per-call state."""
 
 
 class NoDraft(Drafter):

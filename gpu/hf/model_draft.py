@@ -137,6 +137,7 @@ class ModelDraft(Drafter):
         self.pending = self.pending_valid = torch.empty(0)  # [B, P] uncached emitted tokens
         self.level_paths: list[torch.Tensor] = []  # [B, F, d] per depth d of the last round
         self.level_exists: list[torch.Tensor] = []  # [B, F]
+        self._forwards = 0  # of the last call, once its cache is dropped
 
     def check(self, target: Any, verification: Any) -> None:
         verification.check_law(None, type(self.model).__name__)
@@ -163,7 +164,8 @@ class ModelDraft(Drafter):
 
     @property
     def forwards(self) -> int:
-        return 0 if self.kv is None else self.kv.forwards
+        """Draft forwards of the current (or last) ``generate`` call."""
+        return self._forwards if self.kv is None else self.kv.forwards
 
     def propose(self, state: DecodeState, draw: Draw) -> Proposal:
         kv = self.kv
@@ -252,6 +254,13 @@ class ModelDraft(Drafter):
         assert self.kv is not None
         self.kv.select_rows(rows)
         self.pending, self.pending_valid = self.pending[rows], self.pending_valid[rows]
+
+    def stop(self) -> None:
+        """Drop the draft cache and the last round's paths (a decoder outlives its calls)."""
+        forwards = self.forwards
+        self.kv, self.level_paths, self.level_exists = None, [], []
+        self.pending = self.pending_valid = torch.empty(0)
+        self._forwards = forwards
 
     def __repr__(self) -> str:
         return f"ModelDraft({type(self.model).__name__})"
