@@ -111,6 +111,7 @@ def verify(
             f"noise: expected a specsampling.gpu.Noise (Noise(accept, sample), or "
             f"Noise.from_reference), got {type(noise).__name__}"
         )
+    tolerance = check_tolerance(tolerance)
     if validate:
         check_batch_round(batch, target_probs, draft_probs, noise, tolerance)
     dtype = ops.compute_dtype(target_probs, draft_probs)
@@ -122,6 +123,26 @@ def verify(
         noise.sample.to(device=device, dtype=torch.float64),
     )
     return lowering.walk(batch, target, draft, noise)
+
+
+def check_tolerance(tolerance: Any) -> float | None:
+    """``tolerance``: ``None`` (the input dtype's :data:`TOLERANCE`) or a finite float >= 0.
+
+    >>> check_tolerance(-1)
+    Traceback (most recent call last):
+    ...
+    ValueError: tolerance: expected None or a finite number >= 0, got -1
+    """
+    if tolerance is None:
+        return None
+    if (
+        isinstance(tolerance, bool)
+        or not isinstance(tolerance, (int, float, np.integer, np.floating))
+        or not np.isfinite(tolerance)
+        or tolerance < 0
+    ):
+        raise ValueError(f"tolerance: expected None or a finite number >= 0, got {tolerance!r}")
+    return float(tolerance)
 
 
 def check_batch_round(

@@ -40,7 +40,7 @@ from specsampling.errors import InvalidDistribution, UnsupportedShape
 from specsampling.tree import DrawLaw
 
 from . import ops
-from .api import TOLERANCE, raise_row_defect
+from .api import TOLERANCE, check_tolerance, raise_row_defect
 from .noise import Noise, check_generator
 from .schemes import tree_lowering
 from .schemes.base import TreeLowering, Verified
@@ -490,6 +490,7 @@ def verify_chain(
             f"noise: expected a specsampling.gpu.Noise (Noise(accept, sample) of [B, γ + 1] "
             f"uniforms), got {type(noise).__name__}"
         )
+    tolerance = check_tolerance(tolerance)
     if validate:
         check_chain_round(draft_tokens, target_probs, draft_probs, noise, num_drafts, tolerance)
     if noise is None:

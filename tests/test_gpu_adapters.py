@@ -384,3 +384,12 @@ def test_vllm_adapter_names_the_argument_at_fault() -> None:
             ssg.vllm.rejection_sample(draft_probs=draft, **args)
     with pytest.raises(ss.InvalidDistribution, match=r"draft_token_ids: expected a torch\.Tensor"):
         ssg.vllm.rejection_sample(draft_probs=None, **{**args, "draft_token_ids": [1, 2, 3]})
+
+
+def test_a_negative_tolerance_is_refused_as_such() -> None:
+    tokens = torch.tensor([[1, 2]])
+    target = torch.full((1, 3, 4), 0.25)
+    for bad in (-1, float("nan"), "1e-3"):
+        with pytest.raises(ValueError, match="tolerance: expected None or a finite number"):
+            ssg.verify_chain("standard", tokens, target, target[:, :2], tolerance=bad)
+    assert ssg.verify_chain("standard", tokens, target, target[:, :2], tolerance=0.0).tokens.shape
