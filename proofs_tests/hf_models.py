@@ -115,6 +115,22 @@ class AlwaysAccept(SpeculativeDecoder):
         super().__init__(target, draft, AcceptAll(lowering, shape), shape)
 
 
+def trace_prefixes(trace: Any) -> tuple[list[tuple[int, int]], list[list[int]]]:
+    """``(where, prefixes)`` of a decoder :class:`~specsampling.gpu.hf.RoundTrace`: each real
+    node ``(b, n)`` and its full prefix (the row's committed context, then the node's path)."""
+    from specsampling.gpu.tree import node_paths
+
+    paths = node_paths(trace.tree).tolist()
+    real = trace.tree.real_nodes().tolist()
+    where, prefixes = [], []
+    for b, context in enumerate(trace.contexts):
+        for n, is_real in enumerate(real[b]):
+            if is_real:
+                where.append((b, n))
+                prefixes.append(context + [t for t in paths[b][n] if t >= 0])
+    return where, prefixes
+
+
 def plain_logits(model: Any, prefixes: Any) -> torch.Tensor:
     """The last-position logits of a plain no-cache forward of every prefix ``[R, V]`` (one
     forward per distinct length, no padding): what the decoder's cached tree forwards must give."""

@@ -40,6 +40,7 @@ from proofs_tests.hf_models import (  # noqa: E402
     perturbed,
     plain_logits,
     tiny_causal_lm,
+    trace_prefixes,
 )
 from specsampling.errors import InvalidDistribution, UnsupportedShape  # noqa: E402
 from specsampling.gpu.hf import (  # noqa: E402
@@ -50,7 +51,6 @@ from specsampling.gpu.hf import (  # noqa: E402
 )
 from specsampling.gpu.hf import generate as hf_generate  # noqa: E402
 from specsampling.gpu.schemes import TreeLowering  # noqa: E402
-from specsampling.gpu.tree import node_paths  # noqa: E402
 
 Shape = ss.Shape
 
@@ -118,14 +118,7 @@ def test_tree_logits_parity(make, dtype, atol, batch, monkeypatch):
         dec.generate(ids, attention_mask=mask, max_new_tokens=9, seed=batch)
         assert len(dec.traces) >= 3
         for trace in dec.traces:
-            paths = node_paths(trace.tree).tolist()
-            real = trace.tree.real_nodes().tolist()
-            where, prefixes = [], []
-            for b, context in enumerate(trace.contexts):
-                for n, is_real in enumerate(real[b]):
-                    if is_real:
-                        where.append((b, n))
-                        prefixes.append(context + [t for t in paths[b][n] if t >= 0])
+            where, prefixes = trace_prefixes(trace)
             for model, used in ((target, trace.target_logits), (draft, trace.draft_logits)):
                 rows = torch.stack([used[b, n] for b, n in where])  # [R, V]
                 expanded = ~torch.isnan(rows).any(-1)

@@ -35,6 +35,7 @@ from proofs_tests.hf_models import (  # noqa: E402
     one_thread,  # noqa: F401 (autouse fixture)
     perturbed,
     tiny_causal_lm,
+    trace_prefixes,
 )
 from specsampling.errors import UnsupportedShape  # noqa: E402
 from specsampling.gpu.hf import (  # noqa: E402
@@ -45,7 +46,6 @@ from specsampling.gpu.hf import (  # noqa: E402
     SpeculativeDecoder,
 )
 from specsampling.gpu.hf import generate as hf_generate  # noqa: E402
-from specsampling.gpu.tree import node_paths  # noqa: E402
 from specsampling.keyed.watermark import detect  # noqa: E402
 
 Shape = ss.Shape
@@ -337,13 +337,7 @@ def test_keyed_tree_logits_parity(models):
     dec.generate(ids, 9, attention_mask=mask, key=4)
     checked = 0
     for trace in dec.traces:
-        paths, real = node_paths(trace.tree).tolist(), trace.tree.real_nodes().tolist()
-        where, prefixes = [], []
-        for b, context in enumerate(trace.contexts):
-            for n, is_real in enumerate(real[b]):
-                if is_real:
-                    where.append((b, n))
-                    prefixes.append(context + [t for t in paths[b][n] if t >= 0])
+        where, prefixes = trace_prefixes(trace)
         for model, used in ((target, trace.target_logits), (draft, trace.draft_logits)):
             rows = torch.stack([used[b, n] for b, n in where])  # [R, V]
             expanded = ~torch.isnan(rows).any(-1)

@@ -34,12 +34,12 @@ from proofs_tests.hf_models import (  # noqa: E402
     perturbed,
     plain_logits,
     tiny_causal_lm,
+    trace_prefixes,
 )
 from specsampling import Shape  # noqa: E402
 from specsampling.gpu import hf  # noqa: E402
 from specsampling.gpu.hf import SpeculativeDecoder  # noqa: E402
 from specsampling.gpu.hf.attention import KVState  # noqa: E402
-from specsampling.gpu.tree import node_paths  # noqa: E402
 
 #: Max |cached - plain| over every logit row used; float64 rounding is ~1e-15 on these models.
 ATOL = 1e-10
@@ -89,14 +89,7 @@ def parity_errors(target, draft, traces):
     rows checked)``."""
     rounds = []
     for trace in traces:
-        paths = node_paths(trace.tree).tolist()
-        real = trace.tree.real_nodes().tolist()
-        where, prefixes = [], []
-        for b, context in enumerate(trace.contexts):
-            for n, is_real in enumerate(real[b]):
-                if is_real:
-                    where.append((b, n))
-                    prefixes.append(context + [t for t in paths[b][n] if t >= 0])
+        where, prefixes = trace_prefixes(trace)
         errors, checked = [], 0
         for model, used in ((target, trace.target_logits), (draft, trace.draft_logits)):
             rows = torch.stack([used[b, n] for b, n in where])  # [R, V]

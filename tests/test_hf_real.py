@@ -26,10 +26,15 @@ import torch
 import specsampling as ss
 import specsampling.gpu as ssg
 from proofs_tests.chisquare import chi_square_pvalue
-from proofs_tests.hf_models import AlwaysAccept, float64_norms, left_pad, no_grad  # noqa: F401
+from proofs_tests.hf_models import (  # noqa: F401
+    AlwaysAccept,
+    float64_norms,
+    left_pad,
+    no_grad,
+    trace_prefixes,
+)
 from specsampling import Shape
 from specsampling.gpu import hf
-from specsampling.gpu.tree import node_paths
 
 #: The budget of the two chi-square tests below (each at half of it); seeds fixed.
 ALPHA = 1e-3 / 2
@@ -93,18 +98,10 @@ def test_tree_logits_parity_on_real_weights(request, precision, batch, atol):
         dec.generate(ids, attention_mask=mask, max_new_tokens=8, seed=batch)
         assert len(dec.traces) >= 2
         for trace in dec.traces:
-            paths = node_paths(trace.tree).tolist()
-            real = trace.tree.real_nodes().tolist()
-            for b, context in enumerate(trace.contexts):
-                for n, is_real in enumerate(real[b]):
-                    if not is_real:
-                        continue
-                    prefix = context + [t for t in paths[b][n] if t >= 0]
-                    expected = model(input_ids=torch.tensor([prefix])).logits[0, -1]
-                    torch.testing.assert_close(
-                        trace.target_logits[b, n], expected, atol=atol, rtol=0
-                    )
-                    checked += 1
+            for (b, n), prefix in zip(*trace_prefixes(trace), strict=True):
+                expected = model(input_ids=torch.tensor([prefix])).logits[0, -1]
+                torch.testing.assert_close(trace.target_logits[b, n], expected, atol=atol, rtol=0)
+                checked += 1
     assert checked >= 12
 
 

@@ -44,6 +44,8 @@ from typing import Any
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
+from ..tree import PAD
+
 #: Attention implementations that take an arbitrary additive 4D mask.
 TREE_ATTENTION = ("eager", "sdpa")
 
@@ -185,6 +187,21 @@ class KVState:
         logits = out.logits
         return logits[:, -1:] if last_only else logits
 
+    def forward_causal(
+        self, tokens: torch.Tensor, valid: torch.Tensor, last_only: bool = False
+    ) -> torch.Tensor | None:
+        """Forward ``tokens [B, Q]`` causally among the ``valid [B, Q]`` ones and commit them
+        all (the invalid ones as holes); the logits (``None`` when ``Q = 0``)."""
+        if tokens.shape[1] == 0:
+            return None
+        positions = self.lengths()[:, None] + (valid.long().cumsum(1) - 1).clamp_min(0)
+        logits = self.forward(
+            tokens.clamp_min(0), causal_attend(valid), positions, valid, last_only
+        )
+        slots = torch.arange(tokens.shape[1], device=tokens.device).expand_as(valid)  # [B, Q]
+        self.commit(torch.where(valid, slots, PAD))
+        return logits
+
     def check_layers(self) -> None:
         """Refuse (naming the model) any cache layer that is not a plain ``DynamicLayer``."""
         for index, layer in enumerate(self.cache.layers):
@@ -219,6 +236,11 @@ class KVState:
         for layer in self.layers():
             layer.keys = layer.keys[rows]
             layer.values = layer.values[rows]
+
+    def compact_if_sparse(self, slack: int) -> None:
+        """:meth:`compact` once the committed slots exceed twice the longest row plus ``slack``."""
+        if self.committed > 2 * int(self.lengths().max()) + slack:
+            self.compact()
 
     def compact(self) -> None:
         """Move every row's valid slots to the front (stable), dropping the columns no row

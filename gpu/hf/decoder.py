@@ -67,7 +67,7 @@ from ..tree import TreeBatch
 from .attention import check_causal_lm
 from .drafters import Drafter, NGramDraft, Proposal, as_drafter
 from .model_draft import LayerSkipDraft, vocab_size
-from .state import DecodeState, check_prompt, compact_if_sparse, eos_set
+from .state import DecodeState, check_prompt, eos_set
 from .verification import KeyedVerification, TreeVerification, verification_for
 
 
@@ -306,7 +306,7 @@ class SpeculativeDecoder:
             if keep:
                 self.drafter.select_rows(rows)
         if state.active:
-            compact_if_sparse(state.target, state.compact_slack)
+            state.target.compact_if_sparse(state.compact_slack)
 
     def output(self, state: DecodeState, pad_token_id: int, wall_time: float) -> DecodeOutput:
         stats = DecodeStats(

@@ -26,7 +26,6 @@ from ..schemes.base import Verified
 from ..tree import PAD, TreeBatch, node_paths
 from .attention import KVState, forward_kwarg
 from .drafters import Drafter, Draw, Proposal
-from .state import compact_if_sparse, forward_committed
 
 if TYPE_CHECKING:
     from .state import DecodeState
@@ -160,7 +159,7 @@ class ModelDraft(Drafter):
         self.pending, self.pending_valid = state.prompt[:, -1:], state.mask[:, -1:]  # [B, 1]
         self.level_paths, self.level_exists = [], []
         with state.timed("draft"):
-            forward_committed(self.kv, state.prompt[:, :-1], state.mask[:, :-1], last_only=True)
+            self.kv.forward_causal(state.prompt[:, :-1], state.mask[:, :-1], last_only=True)
 
     @property
     def forwards(self) -> int:
@@ -177,7 +176,7 @@ class ModelDraft(Drafter):
         for level in range(len(draw.levels)):
             paths, exists = draw.frontier(level)  # [B, F, level], [B, F]
             if level == 0:
-                logits = forward_committed(kv, self.pending, self.pending_valid, last_only=True)
+                logits = kv.forward_causal(self.pending, self.pending_valid, last_only=True)
             else:
                 tokens = paths[:, :, -1].clamp_min(0)  # [B, F]
                 attend = self.masks.level(level, exists)  # [B, F, T + F]
@@ -248,7 +247,7 @@ class ModelDraft(Drafter):
         if not bool(valid[:, 0].any()):  # nobody has two: one lane
             pending, valid = pending[:, 1:], valid[:, 1:]
         self.pending, self.pending_valid = pending, valid
-        compact_if_sparse(kv, state.compact_slack)
+        kv.compact_if_sparse(state.compact_slack)
 
     def select_rows(self, rows: torch.Tensor) -> None:
         assert self.kv is not None

@@ -26,8 +26,8 @@ from specsampling.validation import check_token
 
 from ..processing import process
 from ..schemes.base import Verified
-from ..tree import PAD, TreeBatch, path_nodes
-from .attention import KVState, ancestors_from_parents, causal_attend
+from ..tree import TreeBatch, path_nodes
+from .attention import KVState, ancestors_from_parents
 
 #: The decode phases timed by :meth:`DecodeState.timed` (the keys of ``times``).
 PHASES = ("draft", "target", "verify")
@@ -126,7 +126,7 @@ class DecodeState:
     def prefill(self) -> None:
         """Cache the prompts but their last token (the pending one) in the target."""
         with self.timed("target"):
-            forward_committed(self.target, self.prompt[:, :-1], self.mask[:, :-1], last_only=True)
+            self.target.forward_causal(self.prompt[:, :-1], self.mask[:, :-1], last_only=True)
 
     def score(self, tree: TreeBatch) -> torch.Tensor:
         """One target forward over ``[pending, nodes 1..N-1]``: raw logits ``[B, N, V]``."""
@@ -186,26 +186,6 @@ class DecodeState:
             if tokens:
                 new[row, : len(tokens)] = torch.tensor(tokens, dtype=prompt.dtype)
         return torch.cat([prompt, new.to(prompt.device)], dim=1)
-
-
-def forward_committed(
-    kv: KVState, tokens: torch.Tensor, valid: torch.Tensor, last_only: bool = False
-) -> torch.Tensor | None:
-    """Forward ``tokens [B, Q]`` through ``kv`` causally among the ``valid [B, Q]`` ones and
-    commit them all (the invalid ones as holes); the logits (``None`` when ``Q = 0``)."""
-    if tokens.shape[1] == 0:
-        return None
-    positions = kv.lengths()[:, None] + (valid.long().cumsum(1) - 1).clamp_min(0)  # [B, Q]
-    logits = kv.forward(tokens.clamp_min(0), causal_attend(valid), positions, valid, last_only)
-    slots = torch.arange(tokens.shape[1], device=tokens.device).expand_as(valid)  # [B, Q]
-    kv.commit(torch.where(valid, slots, PAD))
-    return logits
-
-
-def compact_if_sparse(kv: KVState, slack: int) -> None:
-    """Compact ``kv`` once its committed slots exceed twice its longest row plus ``slack``."""
-    if kv.committed > 2 * int(kv.lengths().max()) + slack:
-        kv.compact()
 
 
 def check_prompt(
@@ -271,7 +251,5 @@ __all__ = [
     "PHASES",
     "DecodeState",
     "check_prompt",
-    "compact_if_sparse",
     "eos_set",
-    "forward_committed",
 ]
