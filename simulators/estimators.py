@@ -40,7 +40,7 @@ from specsampling.gpu import verify as gpu_verify
 from specsampling.gpu.noise import Noise as BatchNoise
 from specsampling.schemes.base import KeyedCoupling, TreeVerifier
 from specsampling.shapes import Shape, check_shape
-from specsampling.validation import check_names
+from specsampling.validation import check_flag, check_names
 
 from .sources import Drafted, as_generator, draft_batches
 from .stats import Comparison, Estimate
@@ -215,6 +215,7 @@ def _rounds(
     plan the rounds: the one place they are checked."""
     if method not in METHODS:
         raise ValueError(f"method: expected one of {METHODS}, got {method!r}")
+    progress = check_flag(progress, "progress", optional=True)
     if num_trees is None:
         num_trees = len(source) if hasattr(source, "batches") else DEFAULT_TREES
     if isinstance(num_trees, bool) or not isinstance(num_trees, (int, np.integer)):

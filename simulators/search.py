@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specsampling.shapes import Shape
-from specsampling.validation import check_names, check_positive_int
+from specsampling.validation import check_flag, check_names, check_positive_int
 
 from .estimators import estimate, resolve
 from .policies import HeapTree, OptTree
@@ -267,6 +267,17 @@ def search_shape(
         raise ValueError(f"objective: expected one of {OBJECTIVES}, got {objective!r}")
     if objective == "tokens-per-second" and cost is None:
         raise ValueError("cost: the tokens-per-second objective needs a CostModel")
+    if objective != "tokens-per-second" and cost is not None:
+        raise ValueError(
+            f"cost: only the tokens-per-second objective uses a cost model; pass "
+            f"objective='tokens-per-second' or drop cost (objective is {objective!r})"
+        )
+    if cost is not None and not hasattr(cost, "tokens_per_second"):
+        raise TypeError(
+            f"cost: expected a specsampling.simulators.CostModel, got {type(cost).__name__}"
+        )
+    batch_size = check_positive_int(batch_size, "batch_size")
+    progress = check_flag(progress, "progress", optional=True)
     budget = check_positive_int(budget, "budget")
     rounds = check_positive_int(rounds, "rounds")
     check_positive_int(num_trees, "num_trees", minimum=2)

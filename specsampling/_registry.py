@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Generic, Protocol, TypeVar
 
+from .errors import UnknownName
+
 
 class Named(Protocol):
     @property
@@ -15,7 +17,8 @@ T = TypeVar("T", bound=Named)
 
 
 class Registry(Mapping[str, T], Generic[T]):
-    """Read-only mapping of ``item.name`` to items; a missing name's ``KeyError`` lists them.
+    """Read-only mapping of ``item.name`` to items; a missing name's ``KeyError``
+    (:class:`~specsampling.errors.UnknownName`, also a ``ValueError``) lists them.
 
     ``kind`` names what is registered in messages (``"scheme"``, ``"continuous scheme"``).
 
@@ -26,7 +29,7 @@ class Registry(Mapping[str, T], Generic[T]):
     >>> registry["two"]
     Traceback (most recent call last):
     ...
-    KeyError: "unknown number 'two'; registered: ['one']"
+    specsampling.errors.UnknownName: unknown number 'two'; registered: ['one']
     """
 
     def __init__(self, kind: str = "scheme") -> None:
@@ -45,9 +48,25 @@ class Registry(Mapping[str, T], Generic[T]):
         try:
             return self._items[name]
         except KeyError:
-            raise KeyError(
+            raise UnknownName(
                 f"unknown {self._kind} {name!r}; registered: {sorted(self._items)}"
             ) from None
+
+    def lookup(self, name: str, argument: str = "scheme") -> T:
+        """``self[name]``, a missing name's error starting with ``argument:``.
+
+        >>> from types import SimpleNamespace
+        >>> registry: Registry[SimpleNamespace] = Registry("number")
+        >>> registry.lookup("two", "count")
+        Traceback (most recent call last):
+        ...
+        specsampling.errors.UnknownName: count: unknown number 'two'; registered: []
+        """
+        if name not in self._items:
+            raise UnknownName(
+                f"{argument}: unknown {self._kind} {name!r}; registered: {sorted(self._items)}"
+            )
+        return self._items[name]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._items)

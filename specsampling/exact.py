@@ -30,7 +30,7 @@ from .ops import clip_probability
 from .pairs import ModelPair, Stationary, check_model_pair
 from .schemes import KeyedCoupling, Scheme, SchemeLike, get_scheme
 from .shapes import Shape, check_shape
-from .validation import check_positive_int
+from .validation import check_positive_int, check_prefix
 
 #: Largest number of draftable trees the single-position helpers will enumerate.
 MAX_ENUMERATION = 200_000
@@ -116,6 +116,7 @@ def round_law(
     """
     resolved = get_scheme(scheme)
     count = check_work(resolved, pair, shape, max_trees)
+    prefix = check_prefix(prefix, pair.vocab_size)
     law: Law = {}
     vocab_size = pair.vocab_size
     progress = _Progress(f"round law of {resolved.name!r} on {shape!r}", count)
@@ -227,6 +228,8 @@ def lossless_error(
     Fraction(0, 1)
     """
     resolved = get_scheme(scheme)
+    check_model_pair(pair)
+    check_shape(shape)
     length = shape.depth + 1 if length is None else check_positive_int(length, "length")
     emitted = extended_law(resolved, pair, shape, length, prefix, max_trees=max_trees)
     target = target_joint(pair, length, prefix)

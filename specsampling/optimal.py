@@ -49,7 +49,7 @@ from scipy.optimize import linprog
 from . import _optimal_race
 from ._types import Probs
 from .pairs import Stationary
-from .shapes import Shape
+from .shapes import Shape, check_shape
 from .validation import check_pair, check_positive_int, is_exact
 
 #: Draft supports up to this size are minimised over every subset (exact, Fraction-capable).
@@ -169,7 +169,7 @@ def lp_acceptance(
     replacement = _check_flag(replacement, "replacement")
     p = np.asarray(target, dtype=np.float64)
     if shape is not None:
-        return _solve_lp(p, _shape_tuples(shape, target, draft))
+        return _solve_lp(p, _shape_tuples(check_shape(shape), target, draft))
     q = np.asarray(draft, dtype=np.float64)
     tokens = [int(x) for x in np.flatnonzero(q > 0)]
     size = len(tokens)

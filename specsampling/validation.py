@@ -254,6 +254,25 @@ def check_names(value: Any, name: str) -> tuple[Any, ...]:
     return (value,)
 
 
+def check_flag(value: Any, name: str, optional: bool = False) -> bool | None:
+    """Validate a ``True``/``False`` argument (also ``None`` when ``optional``): a string such
+    as ``"no"`` is truthy and would otherwise switch the option on.
+
+    >>> check_flag(None, "progress", optional=True) is None
+    True
+    >>> check_flag("no", "progress", optional=True)
+    Traceback (most recent call last):
+    ...
+    ValueError: progress: expected True, False or None, got 'no'
+    """
+    if optional and value is None:
+        return None
+    if not isinstance(value, (bool, np.bool_)):
+        allowed = "True, False or None" if optional else "True or False"
+        raise ValueError(f"{name}: expected {allowed}, got {value!r}")
+    return bool(value)
+
+
 def check_positive_int(value: Any, name: str, minimum: int = 1) -> int:
     """Validate an integer argument ``>= minimum``."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):

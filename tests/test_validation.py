@@ -547,3 +547,61 @@ def test_empty_batches_grids_and_recorded_searches_are_refused() -> None:
     recorded = sim.RecordedTrees.from_pair(pair, ss.Shape.paths(2, 2), 8, generator=0)
     with pytest.raises(ValueError, match=r"source: recorded trees hold one drafted shape"):
         sim.search_shape("traversal", recorded, budget=4)
+
+
+def test_an_unknown_scheme_names_the_argument_and_is_both_error_kinds() -> None:
+    """``get_scheme`` (and every entry point that resolves a name) says ``scheme:`` and lists
+    the registered names; the error is a ``KeyError`` (mapping lookups) and a ``ValueError``
+    (argument checks), printed without the quotes ``KeyError`` adds."""
+    for call in (
+        lambda: ss.get_scheme("stndard"),
+        lambda: ss.speculate("stndard", ss.pairs.Random(3, seed=0), ss.Shape.chain(1), 0),
+        lambda: ss.acceptance("stndard", GOOD, GOOD, 2),
+    ):
+        with pytest.raises(KeyError) as info:
+            call()
+        assert isinstance(info.value, ValueError)
+        assert str(info.value).startswith("scheme: unknown scheme 'stndard'; registered: [")
+        assert "'standard'" in str(info.value)
+
+
+def test_exact_engines_check_shape_and_prefix() -> None:
+    """A shape that is not a Shape, and a prefix holding an id >= V, are refused by the exact
+    engines before any work (they used to fail on ``shape.depth`` or ignore the prefix)."""
+    from specsampling.optimal import lp_acceptance
+
+    pair = ss.pairs.Stationary(GOOD, [0.2, 0.3, 0.5])
+    shape = ss.Shape.chain(2)
+    with pytest.raises(TypeError, match=r"^shape: expected a specsampling.Shape, got 5$"):
+        ss.lossless_error("standard", pair, 5)
+    with pytest.raises(TypeError, match=r"^shape: expected a specsampling.Shape, got 'x'$"):
+        lp_acceptance(GOOD, GOOD, 2, shape="x")
+    for call in (
+        lambda: ss.expected_emitted("standard", pair, shape, prefix=(7,)),
+        lambda: ss.round_law("standard", pair, shape, (0, 3)),
+        lambda: ss.lossless_error("standard", pair, shape, prefix=(7,)),
+        lambda: ss.stream_law("standard", pair, shape, 2, prefix=(7,)),
+    ):
+        with pytest.raises(ss.InvalidDistribution, match=r"^prefix\[\d\]: id [37] out of range"):
+            call()
+    assert ss.expected_emitted("standard", pair, shape, prefix=(2,)) > 1
+
+
+def test_simulator_flags_and_unused_costs_are_refused() -> None:
+    """``progress="no"`` (truthy) and a cost model the objective never reads were accepted
+    silently; ``batch_size=0`` in the shape search too."""
+    from specsampling import simulators as sim
+
+    pair = ss.pairs.Random(vocab_size=4, seed=0)
+    shape = ss.Shape.chain(2)
+    with pytest.raises(ValueError, match=r"^progress: expected True, False or None, got 'no'$"):
+        sim.estimate("nss", pair, shape, num_trees=4, progress="no")
+    with pytest.raises(ValueError, match=r"^progress: expected True, False or None"):
+        sim.search_shape("nss", pair, budget=2, progress="no")
+    cost = sim.CostModel(1.0, 0.1, 0.5, 0.05)
+    with pytest.raises(ValueError, match=r"^cost: only the tokens-per-second objective uses"):
+        sim.search_shape("nss", pair, budget=2, cost=cost)
+    with pytest.raises(TypeError, match=r"^cost: expected a specsampling.simulators.CostModel"):
+        sim.search_shape("nss", pair, budget=2, objective="tokens-per-second", cost="x")
+    with pytest.raises(ValueError, match=r"^batch_size: expected an integer >= 1, got 0$"):
+        sim.search_shape("nss", pair, budget=2, batch_size=0)

@@ -62,9 +62,13 @@ def get_scheme(scheme: SchemeLike) -> Scheme:
 
     >>> get_scheme("nss").name
     'nss'
+    >>> get_scheme("stndard")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    specsampling.errors.UnknownName: scheme: unknown scheme 'stndard'; registered: ['block', ...]
     """
     if isinstance(scheme, str):
-        return SCHEMES[scheme]
+        return SCHEMES.lookup(scheme, "scheme")
     if isinstance(scheme, Scheme):
         return scheme
     raise TypeError(f"scheme: expected a registered name or a scheme object, got {scheme!r}")
