@@ -108,6 +108,7 @@ def parser() -> argparse.ArgumentParser:
     )
     made.add_argument(
         "--schemes",
+        type=_items,
         default="traversal,specinfer,spectr,nss",
         metavar="A,B",
         help="comma-separated tree schemes (default: %(default)s)",
@@ -292,7 +293,7 @@ def check(args: argparse.Namespace) -> None:
     unknown = sorted(set(args.families or ()) - set(FAMILIES))
     if unknown:
         raise ValueError(f"--families: unknown {unknown}; expected some of {list(FAMILIES)}")
-    for name in _items(args.schemes):
+    for name in args.schemes:
         try:
             resolve(name)
         except (ValueError, UnsupportedShape) as err:
@@ -332,7 +333,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
     from .recorded import RecordedTrees
     from .search import search_shape
 
-    schemes = _items(args.schemes)
+    schemes = list(args.schemes)
     for name in schemes:
         resolve(name)
     shapes = list(args.shapes or [])

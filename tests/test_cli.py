@@ -525,6 +525,8 @@ def no_sweep(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--cost-ratio", "-1"], "argument --cost-ratio: expected a number > 0"),
         (["--shapes", "bad("], "argument --shapes: "),
         (["--families", "chain,circle"], "--families: unknown ['circle']"),
+        (["--schemes", ""], "argument --schemes: expected comma-separated values, got ''"),
+        (["--schemes", "nss,,spectr"], "argument --schemes: expected comma-separated"),
         (["--schemes", "traversal,nosuch"], "--schemes: scheme: unknown scheme 'nosuch'"),
         (["--schemes", "gumbel"], "--schemes: scheme 'gumbel': the estimators verify drafted"),
         (["--cost-ratio", "0.1", "--cost", "{cost}"], "--cost-ratio: give --cost or --cost-ratio"),
