@@ -41,17 +41,24 @@ from specsampling.tree import DrawLaw
 
 from . import ops
 from .api import TOLERANCE, check_tolerance, raise_row_defect
+from .chain_rules import BLOCK_CHAIN, NSS_CHAIN, TRAVERSAL_CHAIN, ChainRound
 from .noise import Noise, check_generator
 from .schemes import tree_lowering
 from .schemes.base import TreeLowering, Verified
+from .schemes.block import Block
+from .schemes.nss import NSS
 from .schemes.rsd import RSD
 from .schemes.specinfer import SpecInfer
 from .schemes.standard import Standard
+from .schemes.traversal import Traversal
 from .tree import PAD, TreeBatch
 
 #: Lowerings whose rule on a one-candidate chain is the standard accept/residual rule (exact
 #: types: a subclass, such as a mutant, runs its own walk).
 STANDARD_RULE: tuple[type, ...] = (Standard, SpecInfer, RSD)
+
+#: The chain engines of :mod:`specsampling.gpu.chain_rules`, by exact lowering type.
+CHAIN_RULES: dict[type, Any] = {NSS: NSS_CHAIN, Block: BLOCK_CHAIN, Traversal: TRAVERSAL_CHAIN}
 
 
 class ChainTables(NamedTuple):
@@ -171,7 +178,25 @@ class StandardChain:
         if tables.draft_flat is None:
             return residual_weights(target, None, token)
         draft_row = tables.draft_index.gather(1, lane[:, None]).squeeze(-1)  # [B]
-        return residual_weights(target, tables.draft_flat[draft_row].to(tables.dtype), token)
+        draft = tables.draft_flat.index_select(0, draft_row)  # [B, V] (faster than [draft_row])
+        return residual_weights(target, draft.to(tables.dtype), token)
+
+    def draw(
+        self,
+        target: torch.Tensor,  # [B, V]
+        weights: torch.Tensor,  # [B, V]
+        mass: torch.Tensor,  # [B, 1]
+        bonus: torch.Tensor,  # [B] bool
+        u: torch.Tensor,  # [B] float64
+    ) -> torch.Tensor:
+        """The stop token, ``[B]``: float64 normalises and draws by
+        :func:`~specsampling.gpu.ops.categorical` (the reference's roundings); below float64
+        :func:`~specsampling.gpu.ops.categorical_blocks_or` draws from the unnormalised weights
+        or the target (the bonus, a zero-mass residual), reading each row about once."""
+        if weights.dtype == torch.float64:
+            return ops.categorical(stop_distribution(target, weights, mass, bonus), u)
+        use_target = bonus | ~(mass.squeeze(-1) > 0)  # [B]
+        return ops.categorical_blocks_or(weights, target, use_target, u)
 
     def given_bonus(
         self, tables: ChainTables, bonus: torch.Tensor, drawn: torch.Tensor
@@ -202,10 +227,10 @@ class StandardChain:
         lane = num_accepted.clamp_max(gamma - 1)  # [B] a real draft lane (γ >= 1)
         token = tables.draft_tokens.gather(1, lane[:, None]).squeeze(-1)  # [B]
         target_row = tables.target_index.gather(1, num_accepted[:, None]).squeeze(-1)  # [B]
-        target = tables.target_flat[target_row].to(tables.dtype)  # [B, V]
+        target = tables.target_flat.index_select(0, target_row).to(tables.dtype)  # [B, V]
         weights, mass = self.residual(tables, target, lane, token)  # [B, V], [B, 1]
-        stop_probs = stop_distribution(target, weights, mass, bonus)  # [B, V]
-        drawn = ops.categorical(stop_probs, sample_uniforms[rows, num_accepted])  # [B]
+        u = sample_uniforms[rows, num_accepted]  # [B]
+        drawn = self.draw(target, weights, mass, bonus, u)  # [B]
         drawn = self.given_bonus(tables, bonus, drawn)  # [B]
         hit = ~bonus & (drawn == token)  # [B]
         return num_accepted, drawn, hit
@@ -388,11 +413,13 @@ def general_chain(
     target_probs: torch.Tensor,  # [B, γ + 1, V]
     draft_probs: torch.Tensor | None,  # [B, γ, V]
     noise: Noise,
+    dtype: torch.dtype | None = None,
 ) -> Verified:
     """Any chain scheme through its own lowering: the chains as a :class:`TreeBatch`, the
     draft tables padded to ``γ + 1`` rows (one-hot rows for point-mass drafts)."""
     gamma = draft_tokens.shape[1]
-    dtype = ops.compute_dtype(target_probs, *(() if draft_probs is None else (draft_probs,)))
+    if dtype is None:
+        dtype = ops.compute_dtype(target_probs, *(() if draft_probs is None else (draft_probs,)))
     target = target_probs.to(dtype)  # [B, γ + 1, V]
     if draft_probs is None:
         real = torch.arange(gamma, device=draft_tokens.device)[None, :] < num_drafts[:, None]
@@ -416,6 +443,7 @@ def verify_chain(
     validate: bool = True,
     num_draft_tokens: Any = None,
     tolerance: float | None = None,
+    dtype: torch.dtype | None = None,
 ) -> Verified:
     """Verify a batch of drafted chains; row ``b`` gets the reference verdict of
     ``DraftTree.chain(draft_tokens[b, :n_b], law="iid")``.
@@ -437,17 +465,27 @@ def verify_chain(
     generator : torch.Generator, optional
         Seeds the fresh noise.
     validate : bool, default True
-        Check the inputs (host synchronisations); ``False`` trusts them and never synchronises.
-        The one difference on the fast path: a row whose stop token lands on a zero-mass
-        residual (``p_k <= q_k`` everywhere, a probability-0 event in exact arithmetic) *and*
-        equals its drafted token is resolved with the same host check (the reference's
-        residual hit descends); with ``validate=False`` that row stops there, emitting the
-        drafted token as its last token (same tokens so far, same law; see
-        :class:`StandardChain`).
+        Check the inputs; ``False`` trusts them and never synchronises with the host. With
+        ``True`` the checks cost one host synchronisation when the inputs are sound (all
+        checks reduced to one flag; only a defect pays for locating it), and the
+        ``standard``/``specinfer``/``rsd`` fast path adds one more: a row whose stop token
+        lands on a zero-mass residual (``p_k <= q_k`` everywhere, a probability-0 event in
+        exact arithmetic) *and* equals its drafted token is resolved by another round (the
+        reference's residual hit descends); with ``validate=False`` that row stops there,
+        emitting the drafted token as its last token (same tokens so far, same law; see
+        :class:`StandardChain`). The cost of ``validate=True`` (a read of every real table
+        row for its mass) is measured in ``benchmarks/torch_chains.py``.
     num_draft_tokens : int sequence or LongTensor [B], optional
         Drafts per row; by default the leading non-negative lanes (``-1`` padding ends a chain).
     tolerance : float, optional
         Row-mass tolerance; by default that of the input dtype.
+    dtype : torch.float32 or torch.float64, optional
+        The compute precision. By default float64 when a table is float64, else float32
+        (bf16/fp16 tables are upcast once, row by row on the standard path). float64 gives the
+        reference's verdict bit for bit (path-wise equality); float32 is the fast path, equal
+        to it except where a uniform lies within float32 rounding of an accept or inverse-CDF
+        boundary (measured in ``tests/test_gpu_chain_float32.py``). Asking for a dtype other
+        than the tables' converts them (a copy).
 
     Returns
     -------
@@ -502,21 +540,73 @@ def verify_chain(
     )
     target_probs = target_probs.to(device)
     draft_probs = None if draft_probs is None else draft_probs.to(device)
+    dtype = check_dtype(dtype, target_probs, draft_probs)
     if type(lowering) in STANDARD_RULE and gamma > 0:
         tables = padded_tables(draft_tokens, num_drafts, target_probs, draft_probs)
+        tables = tables._replace(dtype=dtype)
         verified, _ = STANDARD_CHAIN.run(tables, noise, None if validate else 1)
         return verified
-    return general_chain(lowering, draft_tokens, num_drafts, target_probs, draft_probs, noise)
+    engine = CHAIN_RULES.get(type(lowering))
+    if engine is not None and gamma > 0:
+        return engine.run(
+            chain_round(draft_tokens, num_drafts, target_probs, draft_probs, dtype), noise
+        )
+    return general_chain(
+        lowering, draft_tokens, num_drafts, target_probs, draft_probs, noise, dtype
+    )
+
+
+def check_dtype(
+    dtype: Any, target_probs: torch.Tensor, draft_probs: torch.Tensor | None
+) -> torch.dtype:
+    """The compute dtype: ``dtype`` (float32 or float64), by default
+    :func:`~specsampling.gpu.ops.compute_dtype` of the tables.
+
+    >>> check_dtype(None, torch.zeros(1, dtype=torch.bfloat16), None)
+    torch.float32
+    >>> check_dtype(torch.float16, torch.zeros(1), None)
+    Traceback (most recent call last):
+    ...
+    ValueError: dtype: expected None, torch.float32 or torch.float64, got torch.float16
+    """
+    if dtype is None:
+        return ops.compute_dtype(target_probs, *(() if draft_probs is None else (draft_probs,)))
+    if dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"dtype: expected None, torch.float32 or torch.float64, got {dtype!r}")
+    return dtype
+
+
+def chain_round(
+    draft_tokens: torch.Tensor,  # [B, γ]
+    num_drafts: torch.Tensor,  # [B]
+    target_probs: torch.Tensor,  # [B, γ + 1, V]
+    draft_probs: torch.Tensor | None,  # [B, γ, V]
+    dtype: torch.dtype,
+) -> ChainRound:
+    """The :class:`~specsampling.gpu.chain_rules.ChainRound` of validated inputs: padding
+    lanes' tokens set to 0, the tables contiguous in ``dtype`` (no copy when they already
+    are)."""
+    gamma = draft_tokens.shape[1]
+    real = torch.arange(gamma, device=draft_tokens.device)[None, :] < num_drafts[:, None]
+    return ChainRound(
+        draft_tokens=torch.where(real, draft_tokens, 0),  # [B, γ]
+        num_drafts=num_drafts,
+        target=target_probs.to(dtype).contiguous(),  # [B, γ + 1, V]
+        draft=None if draft_probs is None else draft_probs.to(dtype).contiguous(),  # [B, γ, V]
+    )
 
 
 __all__ = [
+    "CHAIN_RULES",
     "STANDARD_CHAIN",
     "STANDARD_RULE",
     "ChainTables",
     "StandardChain",
     "chain_batch",
     "chain_noise",
+    "chain_round",
     "check_chain_round",
+    "check_dtype",
     "general_chain",
     "padded_tables",
     "residual_weights",

@@ -10,9 +10,15 @@ each row. No host synchronisation, no loop over rows or the vocabulary.
 * :func:`remove_token` -- one token deleted, the rest renormalised (all zeros if none is left).
 * :func:`numpy_sum` -- a row sum in numpy's pairwise order, bit for bit (exact ties round as in
   the reference); :func:`normalise` divides by it.
+* :func:`block_sums`, :func:`categorical_blocks` -- the float32 inverse CDF in two levels
+  (sums of 128-token blocks, then one block), never normalising and never materialising a
+  ``[B, V]`` cumulative sum or a float64 copy of a row.
 
 Dtype rule: distributions are computed in :func:`compute_dtype` (float64 for float64 input, at
 least float32 otherwise); uniforms are float64 and every comparison with them is in float64.
+Below float64, where the lowering promises agreement up to rounding at a boundary only, the
+chain fast paths draw with :func:`categorical_blocks`; float64 keeps :func:`categorical`, the
+reference's own sequence of roundings.
 """
 
 from __future__ import annotations
@@ -223,3 +229,90 @@ def normalise(weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     mass = numpy_sum(weights)[:, None]  # [B, 1]
     has_mass = mass > 0  # [B, 1]
     return weights / torch.where(has_mass, mass, torch.ones_like(mass)), has_mass
+
+
+#: Width of the blocks of :func:`block_sums` and :func:`categorical_blocks`.
+CDF_BLOCK = 128
+
+
+def block_sums(weights: torch.Tensor) -> torch.Tensor:
+    """Sums of consecutive 128-token blocks over the last axis, ``[..., V] -> [..., V // 128 + 1]``
+    (the last block takes the ``V % 128`` tail, 0 when there is none); a view of the rows, no
+    copy of them.
+
+    >>> block_sums(torch.ones(2, 300)).tolist()
+    [[128.0, 128.0, 44.0], [128.0, 128.0, 44.0]]
+    """
+    vocab = weights.shape[-1]
+    full = vocab - vocab % CDF_BLOCK
+    blocks = weights[..., :full].unflatten(-1, (full // CDF_BLOCK, CDF_BLOCK)).sum(-1)
+    return torch.cat([blocks, weights[..., full:].sum(-1, keepdim=True)], -1)
+
+
+def pick_block(sums: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first level of :func:`categorical_blocks`: ``(block [N], rest [N] float64)``, the
+    first block whose running total exceeds ``u`` times the total (clipped to the last positive
+    block) and the part of the threshold left for inside it."""
+    running = sums.to(torch.float64).cumsum(-1)  # [N, nb] (small)
+    threshold = u.to(torch.float64) * running[:, -1]  # [N]
+    block = torch.searchsorted(running, threshold[:, None], right=True).squeeze(-1)  # [N]
+    block = torch.minimum(block, last_positive(sums))  # [N]
+    before = running.gather(1, (block - 1).clamp_min(0)[:, None]).squeeze(-1)  # [N]
+    return block, threshold - torch.where(block > 0, before, 0.0)  # [N], [N] >= 0
+
+
+def block_index(block: torch.Tensor, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids of every lane of ``block [N]`` (clipped into ``[0, V)``), ``[N, 128]``, and
+    which lanes are real tokens."""
+    lanes = torch.arange(CDF_BLOCK, device=block.device)  # [128]
+    index = block[:, None] * CDF_BLOCK + lanes[None, :]  # [N, 128]
+    return index.clamp_max(vocab - 1), index < vocab
+
+
+def pick_in_block(block: torch.Tensor, values: torch.Tensor, rest: torch.Tensor) -> torch.Tensor:
+    """The second level: the token in ``block [N]`` whose running weight (``values [N, 128]``,
+    zero past ``V``) first exceeds ``rest [N]``, clipped to the block's last positive token."""
+    inner = values.to(torch.float64).cumsum(-1)  # [N, 128]
+    offset = torch.searchsorted(inner, rest[:, None], right=True).squeeze(-1)  # [N]
+    return block * CDF_BLOCK + torch.minimum(offset, last_positive(values))  # [N]
+
+
+def categorical_blocks(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    r"""Inverse-CDF draw from unnormalised ``weights [N, V]`` with ``u [N]`` in ``[0, 1)``: the
+    first token whose cumulative weight exceeds :math:`u \sum w`, found in two levels.
+
+    The 128-token block sums (:func:`block_sums`, one read of the rows) are accumulated in
+    float64 and searched for the first block whose running total exceeds the threshold
+    (:func:`pick_block`); that block's 128 weights are gathered, accumulated and searched for
+    the remainder (:func:`pick_in_block`). Each level is clipped to its last positive entry (as
+    :func:`categorical`), so a zero-weight token is never returned, also when rounding pushes
+    the threshold past a total. Exact in law; the token may differ from :func:`categorical`'s
+    only where the threshold lies within rounding of a cumulative boundary.
+
+    >>> weights = torch.tensor([[0.0, 2.0, 0.0, 2.0]] * 3)
+    >>> categorical_blocks(weights, torch.tensor([0.0, 0.5, 1 - 2**-53], dtype=torch.float64))
+    tensor([1, 3, 3])
+    """
+    block, rest = pick_block(block_sums(weights), u)  # [N], [N]
+    index, inside = block_index(block, weights.shape[-1])  # [N, 128]
+    values = torch.where(inside, weights.gather(1, index), 0.0)  # [N, 128]
+    return pick_in_block(block, values, rest)
+
+
+def categorical_blocks_or(
+    weights: torch.Tensor, fallback: torch.Tensor, use_fallback: torch.Tensor, u: torch.Tensor
+) -> torch.Tensor:
+    """:func:`categorical_blocks` from ``weights [N, V]``, or from ``fallback [N, V]`` in the
+    rows where ``use_fallback [N]``: the choice is made on the block sums and the gathered block
+    only (never a ``[N, V]`` select), so a non-finite row that is not chosen never counts.
+
+    >>> categorical_blocks_or(torch.tensor([[1.0, 0.0], [0.0, 0.0]]), torch.tensor([[0.0, 1.0],
+    ...     [0.0, 1.0]]), torch.tensor([False, True]), torch.zeros(2, dtype=torch.float64))
+    tensor([0, 1])
+    """
+    choose = use_fallback[:, None]  # [N, 1]
+    sums = torch.where(choose, block_sums(fallback), block_sums(weights))  # [N, nb]
+    block, rest = pick_block(sums, u)  # [N], [N]
+    index, inside = block_index(block, weights.shape[-1])  # [N, 128]
+    values = torch.where(choose, fallback.gather(1, index), weights.gather(1, index))
+    return pick_in_block(block, torch.where(inside, values, 0.0), rest)

@@ -1,0 +1,282 @@
+r"""Chain fast paths for ``nss``, ``block`` and ``traversal`` (the padded FlashInfer/vLLM layout of
+:mod:`specsampling.gpu.chain`): each reads gathered :math:`p_i(x_i), q_i(x_i)` ``[B, γ]`` and
+O(1) rows of :math:`V` per sequence and position, never a ``[B, γ + 1, V]`` temporary.
+
+Layout (as :func:`~specsampling.gpu.verify_chain`): node :math:`i` of a chain of
+:math:`n_b` drafts holds draft lane :math:`i - 1`; ``target[b, i]`` is :math:`p_i` (the target
+after :math:`i` drafts), ``draft[b, i]`` is :math:`q_i`, from which draft lane :math:`i` was
+drawn (``None``: the point mass :math:`\mathbf 1_{x_i}`). Noise lane :math:`i` is node
+:math:`i`'s.
+
+**nss** (:mod:`specsampling.schemes.nss`). The walk draws :math:`y_i \sim p_i` with
+:math:`u^\text{sample}_i` at every node and descends while :math:`y_i = x_i`. All
+:math:`\gamma + 1` draws are made at once -- in float32 by :func:`~specsampling.gpu.ops.
+categorical_blocks` on the target table viewed as ``[B (γ + 1), V]`` (one blocked sum over the
+target table, then ``[B, γ + 1, 128]``); the draft table is never read. Then
+:math:`k = \min\{i : y_i \ne x_i\}` (or :math:`n_b`) and the row emits
+:math:`x_{0..k-1}, y_k`.
+
+**block** (:mod:`specsampling.schemes.block`, Sun et al. 2024) and **traversal**
+(:mod:`specsampling.schemes.traversal`, which on a chain tests the same leaves in the same order,
+deepest first). The capped ratios :math:`w_i` come from the gathers alone. The acceptance of
+node :math:`i` is :math:`h_n = w_n` at the end of the chain and, for :math:`1 \le i < n`,
+
+.. math:: h_i = \frac{S_i}{S_i + 1 - w_i}, \qquad S_i = \sum_y (w_i\,p_i(y) - q_i(y))_+,
+
+the one genuinely row-level quantity: it is read once per position (one fused pass over the
+rows :math:`p_i, q_i`, :math:`1 \le i < \gamma`, through a reused ``[B, V]`` buffer; for point-
+mass drafts :math:`q_i` is not read at all: :math:`S_i` is the sum of :math:`w_i p_i` with the
+drafted entry replaced by :math:`(w_i p_i(x_i) - 1)_+`). The rules differ at a zero mass only:
+block takes :math:`h_i = 1` when the denominator is 0 (:math:`S_i = 0, w_i = 1`), traversal
+deletes such a node (weight 0). :math:`\tau` is the deepest :math:`i \ge 1` with
+:math:`u^\text{accept}_i < h_i` (0 if none), and the next token is drawn by inverse CDF with
+:math:`u^\text{sample}_\tau` from :math:`p_n` when :math:`\tau = n`, else from
+:math:`\mathrm{norm}((w_\tau p_\tau - q_\tau)_+)` (the target where that has no mass): one more
+row per sequence. In float64 every value is computed in the lowerings' order
+(:mod:`specsampling.gpu.schemes.block`, :mod:`specsampling.gpu.schemes.traversal`), so the
+verdicts are the reference's bit for bit.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, NamedTuple
+
+import torch
+
+from . import ops
+from .noise import Noise
+from .schemes.base import Verified
+from .tree import PAD
+
+
+class ChainRound(NamedTuple):
+    """A validated chain round in the padded layout, tables in the compute dtype.
+
+    ``draft_tokens [B, γ]`` (padding lanes ``0``), ``num_drafts [B]``, ``target [B, γ + 1, V]``,
+    ``draft [B, γ, V]`` or ``None`` (point-mass drafts).
+    """
+
+    draft_tokens: torch.Tensor  # [B, γ]
+    num_drafts: torch.Tensor  # [B]
+    target: torch.Tensor  # [B, γ + 1, V]
+    draft: torch.Tensor | None  # [B, γ, V]
+
+
+def pack_chain(
+    draft_tokens: torch.Tensor, num_accepted: torch.Tensor, token: torch.Tensor
+) -> Verified:
+    """The accepted drafts, then ``token``, ``PAD`` after: ``tokens [B, γ + 1]``."""
+    gamma = draft_tokens.shape[1]
+    lanes = torch.arange(gamma + 1, device=token.device)[None, :]  # [1, γ + 1]
+    drafts = torch.cat([draft_tokens, torch.zeros_like(draft_tokens[:, :1])], 1)  # [B, γ + 1]
+    tokens = torch.where(lanes < num_accepted[:, None], drafts, PAD)  # [B, γ + 1]
+    tokens = torch.where(lanes == num_accepted[:, None], token[:, None], tokens)
+    return Verified(num_accepted, token, tokens, num_accepted + 1)
+
+
+def take_rows(table: torch.Tensor, lane: torch.Tensor) -> torch.Tensor:
+    """``table[b, lane[b]]`` of a contiguous ``table [B, L, V]``, ``[B, V]``, by one
+    ``index_select`` (on CPU several times faster than advanced indexing)."""
+    batch_size, lanes, vocab = table.shape
+    rows = torch.arange(batch_size, device=lane.device) * lanes + lane  # [B]
+    return table.view(batch_size * lanes, vocab).index_select(0, rows)  # [B, V]
+
+
+def draw_rows(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draws from every row of ``probs [N, V]`` with ``u [N]``: float64 by
+    :func:`~specsampling.gpu.ops.categorical` (the reference's roundings), below float64 by
+    :func:`~specsampling.gpu.ops.categorical_blocks`. Host dispatch on the dtype only."""
+    if probs.dtype == torch.float64:
+        return ops.categorical(probs, u)
+    return ops.categorical_blocks(probs, u)
+
+
+class NSSChain:
+    """Naive speculative sampling on a batch of chains: every node's draw at once."""
+
+    hot_path: ClassVar[tuple[str, ...]] = ("run",)
+
+    def draws(self, chain: ChainRound, sample: torch.Tensor) -> torch.Tensor:
+        """``y [B, γ + 1]``: the target's own draw at every node (``sample [B, γ + 1]``).
+        Host dispatch: float64 draws node by node (one ``[B, V]`` cumulative sum at a time)."""
+        target = chain.target  # [B, γ + 1, V]
+        batch_size, nodes, vocab = target.shape
+        if target.dtype == torch.float64:
+            return torch.stack([draw_rows(target[:, i], sample[:, i]) for i in range(nodes)], 1)
+        flat = target.reshape(batch_size * nodes, vocab)  # [B (γ + 1), V], a view if contiguous
+        return ops.categorical_blocks(flat, sample.reshape(-1)).view(batch_size, nodes)
+
+    def run(self, chain: ChainRound, noise: Noise) -> Verified:
+        """The verdicts: descend while the draw is the drafted token."""
+        gamma = chain.draft_tokens.shape[1]
+        drawn = self.draws(chain, noise.sample)  # [B, γ + 1]
+        lanes = torch.arange(gamma, device=drawn.device)  # [γ]
+        real = lanes[None, :] < chain.num_drafts[:, None]  # [B, γ]
+        matches = real & (drawn[:, :gamma] == chain.draft_tokens)  # [B, γ]
+        num_accepted = matches.to(torch.long).cumprod(-1).sum(-1)  # [B]
+        token = drawn.gather(1, num_accepted[:, None]).squeeze(-1)  # [B]
+        return pack_chain(chain.draft_tokens, num_accepted, token)
+
+
+class BlockChain:
+    """Block verification (Sun et al. 2024) on a batch of chains; :class:`TraversalChain` is
+    the same engine with traversal's zero-mass rule and weight cap."""
+
+    hot_path: ClassVar[tuple[str, ...]] = (
+        "capped",
+        "acceptance",
+        "chain_weights",
+        "acceptances",
+        "choose_tau",
+        "run",
+    )
+
+    # ------------------------------------------------------------------ rule hooks
+    def capped(self, scaled: torch.Tensor, draft_x: torch.Tensor) -> torch.Tensor:
+        """:math:`\\min(1, w\\,p(x) / q(x))` as the block lowering computes it, ``[B]``."""
+        return torch.where(scaled >= draft_x, 1.0, scaled / draft_x)
+
+    def acceptance(self, mass: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """``h`` from ``S`` (``mass``, compute dtype) and ``w`` (float64): block's rule, 1 when
+        the denominator is 0."""
+        mass64 = mass.to(torch.float64)
+        denominator = mass64 + (1 - weights)
+        positive = denominator > 0
+        return torch.where(positive, mass64 / torch.where(positive, denominator, 1.0), 1.0)
+
+    # ------------------------------------------------------------------ host dispatch
+    def drafted_mass(self, chain: ChainRound) -> torch.Tensor:
+        """:math:`q_i(x_i)` of every lane, ``[B, γ]`` (``1`` for point-mass drafts)."""
+        if chain.draft is None:
+            return torch.ones_like(chain.target[:, :-1, 0])  # [B, γ]
+        return chain.draft.gather(2, chain.draft_tokens[..., None]).squeeze(-1)  # [B, γ]
+
+    def weighted_residual(
+        self,
+        out: torch.Tensor,  # [B, V], written
+        target: torch.Tensor,  # [B, V]
+        draft: torch.Tensor | None,  # [B, V] or None (point mass on `token`)
+        token: torch.Tensor,  # [B]
+        scale: torch.Tensor,  # [B] float64
+    ) -> torch.Tensor:
+        """``out = (w p - q)_+`` (multiply, subtract, clamp, in the lowerings' order); for a point
+        mass only the drafted entry changes. Returns ``out``."""
+        torch.mul(target, scale.to(target.dtype)[:, None], out=out)
+        if draft is not None:
+            return out.sub_(draft).clamp_min_(0)
+        drafted = (out.gather(1, token[:, None]) - 1).clamp_min_(0)  # [B, 1]
+        return out.scatter_(1, token[:, None], drafted)
+
+    def draft_row(self, chain: ChainRound, lane: int | torch.Tensor) -> torch.Tensor | None:
+        """``q`` of every row at ``lane`` (an int, or ``[B]``), ``None`` for point masses."""
+        if chain.draft is None:
+            return None
+        if isinstance(lane, int):
+            return chain.draft[:, lane]  # [B, V] view
+        return take_rows(chain.draft, lane)  # [B, V]
+
+    def stop_draw(
+        self,
+        residual: torch.Tensor,
+        target: torch.Tensor,
+        use_target: torch.Tensor,
+        u: torch.Tensor,
+    ) -> torch.Tensor:
+        """The stop token: from ``residual`` (normalised), or ``target`` where ``use_target``;
+        float64 as the lowerings (normalise, select, :func:`~specsampling.gpu.ops.categorical`),
+        below by :func:`~specsampling.gpu.ops.categorical_blocks_or` (no normalisation)."""
+        if residual.dtype == torch.float64:
+            mass = residual.sum(-1, keepdim=True)  # [B, 1]
+            normalised = residual.div_(torch.where(mass > 0, mass, 1.0))  # [B, V]
+            return ops.categorical(torch.where(use_target[:, None], target, normalised), u)
+        return ops.categorical_blocks_or(residual, target, use_target, u)
+
+    # ------------------------------------------------------------------ the hot path
+    def chain_weights(self, chain: ChainRound) -> torch.Tensor:
+        """``w [B, γ + 1]`` float64, ``w_0 = 1``, :math:`w_{i+1}` from :math:`w_i p_i(x_i)` and
+        :math:`q_i(x_i)` (lanes past a row's end: never read)."""
+        target_x = chain.target[:, :-1].gather(2, chain.draft_tokens[..., None]).squeeze(-1)
+        target_x = target_x.to(torch.float64)  # [B, γ]
+        draft_x = self.drafted_mass(chain).to(torch.float64)  # [B, γ]
+        columns = [torch.ones_like(target_x[:, 0])]  # [B] each
+        for lane in range(chain.draft_tokens.shape[1]):
+            columns.append(self.capped(columns[-1] * target_x[:, lane], draft_x[:, lane]))
+        return torch.stack(columns, 1)  # [B, γ + 1]
+
+    def acceptances(self, chain: ChainRound, weights: torch.Tensor) -> torch.Tensor:
+        """``h [B, γ + 1]`` float64 of nodes ``1..n`` (``w_n`` at the chain's end); one fused
+        pass per inner node through one reused ``[B, V]`` buffer."""
+        batch_size, gamma = chain.draft_tokens.shape
+        target = chain.target  # [B, γ + 1, V]
+        buffer = target.new_empty((batch_size, target.shape[-1]))  # [B, V]
+        masses = [torch.zeros_like(target[:, 0, 0])]  # [B] each; node 0's is never read
+        for node in range(1, gamma):
+            residual = self.weighted_residual(
+                buffer,
+                target[:, node],
+                self.draft_row(chain, node),
+                chain.draft_tokens[:, node],
+                weights[:, node],
+            )
+            masses.append(residual.sum(-1))
+        masses.append(torch.zeros_like(masses[0]))  # node γ: always the chain's end
+        inner = self.acceptance(torch.stack(masses, 1), weights)  # [B, γ + 1]
+        nodes = torch.arange(gamma + 1, device=weights.device)  # [γ + 1]
+        at_end = nodes[None, :] == chain.num_drafts[:, None]  # [B, γ + 1]
+        return torch.where(at_end, weights, inner)  # [B, γ + 1]
+
+    def choose_tau(self, chain: ChainRound, accept: torch.Tensor, noise: Noise) -> torch.Tensor:
+        """The deepest node ``1 <= i <= n`` with ``u_accept[i] < h_i``, 0 if none, ``[B]``."""
+        nodes = torch.arange(accept.shape[1], device=accept.device)  # [γ + 1]
+        real = (nodes[None, :] >= 1) & (nodes[None, :] <= chain.num_drafts[:, None])
+        passes = real & (noise.accept < accept)  # [B, γ + 1]
+        return torch.where(passes, nodes[None, :], 0).amax(-1)  # [B]
+
+    def run(self, chain: ChainRound, noise: Noise) -> Verified:
+        """The verdicts: ``tau`` from the gathered weights and row masses, then one stop row."""
+        batch_size, gamma = chain.draft_tokens.shape
+        rows = torch.arange(batch_size, device=chain.target.device)  # [B]
+        weights = self.chain_weights(chain)  # [B, γ + 1]
+        tau = self.choose_tau(chain, self.acceptances(chain, weights), noise)  # [B]
+        target = take_rows(chain.target, tau)  # [B, V]
+        lane = tau.clamp_max(gamma - 1)  # [B] (a padding lane at the end: never chosen)
+        token = chain.draft_tokens.gather(1, lane[:, None]).squeeze(-1)  # [B]
+        residual = self.weighted_residual(
+            torch.empty_like(target), target, self.draft_row(chain, lane), token, weights[rows, tau]
+        )  # [B, V]
+        has_mass = residual.sum(-1) > 0  # [B]
+        use_target = (tau == chain.num_drafts) | ~has_mass  # [B]
+        drawn = self.stop_draw(residual, target, use_target, noise.sample[rows, tau])  # [B]
+        return pack_chain(chain.draft_tokens, tau, drawn)
+
+
+class TraversalChain(BlockChain):
+    """Traversal verification (Weng et al. 2025) on chains: block's engine, with the reference's
+    weight rule (0 where :math:`q(x) = 0`) and a node without residual mass deleted (weight 0)."""
+
+    def capped(self, scaled: torch.Tensor, draft_x: torch.Tensor) -> torch.Tensor:
+        """The traversal ``reweigh`` rule: 0 if ``q(x) = 0``, else ``min(1, w p(x) / q(x))``."""
+        return torch.where(draft_x > 0, super().capped(scaled, draft_x), 0.0)
+
+    def acceptance(self, mass: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """``S / (S + 1 - w)`` where ``S > 0``, else 0 (the node is deleted)."""
+        mass64 = mass.to(torch.float64)
+        return torch.where(mass > 0, mass64 / (mass64 + (1 - weights)), 0.0)
+
+
+NSS_CHAIN = NSSChain()
+BLOCK_CHAIN = BlockChain()
+TRAVERSAL_CHAIN = TraversalChain()
+
+__all__ = [
+    "BLOCK_CHAIN",
+    "NSS_CHAIN",
+    "TRAVERSAL_CHAIN",
+    "BlockChain",
+    "ChainRound",
+    "NSSChain",
+    "TraversalChain",
+    "draw_rows",
+    "pack_chain",
+    "take_rows",
+]
