@@ -22,6 +22,7 @@ import specsampling as ss
 from proofs_tests.strategies import model_pairs
 from specsampling import gpu as ssg
 from specsampling.gpu import chain as C
+from specsampling.gpu import chain_rules as R
 from specsampling.noise import LARGEST_BELOW_ONE
 from specsampling.schemes import tables
 
@@ -328,14 +329,144 @@ def test_subclass_of_a_fast_lowering_runs_its_own_walk() -> None:
 
 def test_hot_path_has_no_host_synchronisation() -> None:
     sources = [inspect.getsource(getattr(C.StandardChain, m)) for m in C.StandardChain.hot_path]
+    for engine in (R.NSSChain, R.BlockChain, R.TraversalChain):
+        sources += [inspect.getsource(getattr(engine, m)) for m in engine.hot_path]
     sources += [
         inspect.getsource(f)
-        for f in (ssg.ops.categorical, ssg.ops.last_positive, C.stop_distribution)
+        for f in (
+            ssg.ops.categorical,
+            ssg.ops.last_positive,
+            C.stop_distribution,
+            ssg.ops.block_sums,
+            ssg.ops.pick_block,
+            ssg.ops.block_index,
+            ssg.ops.pick_in_block,
+            ssg.ops.categorical_blocks,
+            ssg.ops.categorical_blocks_or,
+            R.pack_chain,
+            R.take_rows,
+        )
     ]
     for source in sources:
         body = source.split('"""')[-1]
         for forbidden in (".item(", ".tolist(", "bool(", "int(", "float(", ".nonzero(", "if "):
             assert forbidden not in body, forbidden
+
+
+# --------------------------------------------------------------------------- nss/block/traversal
+def test_each_scheme_takes_its_chain_engine() -> None:
+    """The dispatch: exact lowering types only (a subclass, such as a mutant, walks)."""
+    for name, engine in (("nss", R.NSS_CHAIN), ("block", R.BLOCK_CHAIN)):
+        assert C.CHAIN_RULES[type(ssg.get_lowering(name))] is engine
+    assert C.CHAIN_RULES[type(ssg.get_lowering("traversal"))] is R.TRAVERSAL_CHAIN
+
+
+class EqualRows:
+    """A pair with ``p <= q`` at some prefixes (``q`` a Dirichlet row, ``p`` the same with
+    ``2^-40`` taken off one entry: ``S = 0`` there, so block accepts a node with ``w = 1`` and
+    traversal deletes it, and ``w < 1`` below the reduced token) and unrelated rows with zeros
+    elsewhere."""
+
+    vocab_size = 4
+
+    def _rows(self, prefix: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+        rng = np.random.default_rng([len(prefix), *prefix])
+        target = rng.dirichlet(np.ones(4))
+        if sum(prefix) % 3 != 2:
+            draft = target.copy()
+            target[rng.integers(4)] -= 2**-40
+            return target, draft
+        draft = rng.dirichlet(np.ones(4))
+        draft[rng.integers(4)] = 0.0
+        return target, draft / draft.sum()
+
+    def target(self, prefix: tuple[int, ...]) -> np.ndarray:
+        return self._rows(tuple(prefix))[0]
+
+    def draft(self, prefix: tuple[int, ...]) -> np.ndarray:
+        return self._rows(tuple(prefix))[1]
+
+
+@pytest.mark.parametrize("point_mass", [False, True], ids=["draft_probs", "point_mass"])
+def test_rules_pathwise_at_block_boundaries_and_zero_masses(point_mass: bool) -> None:
+    """Vocabularies across the 128-token blocks of the float32 draw and pairs with ``p == q``
+    rows (the one place block and traversal differ on a chain): reference verdicts, float64."""
+    for name in ("nss", "block", "traversal", "standard"):
+        for vocab, pair in ((4, EqualRows()), (300, ss.pairs.Random(300, seed=1))):
+            rounds = chain_rounds(pair, np.random.default_rng(vocab), 24, point_mass)
+            assert mismatches(name, rounds, point_mass) == [], (name, vocab)
+            assert mismatches(name, rounds, point_mass, validate=False) == [], (name, vocab)
+
+
+class BlockRuleOnTraversal(R.TraversalChain):
+    """Traversal with block's zero-mass rule (h = 1 when S = 0 and w = 1)."""
+
+    def acceptance(self, mass: Any, weights: Any) -> Any:
+        return R.BlockChain.acceptance(self, mass, weights)
+
+
+class ShallowestTau(R.BlockChain):
+    """tau = the shallowest success instead of the deepest."""
+
+    def choose_tau(self, chain: Any, accept: Any, noise: Any) -> Any:
+        nodes = torch.arange(accept.shape[1])
+        real = (nodes[None] >= 1) & (nodes[None] <= chain.num_drafts[:, None])
+        passes = real & (noise.accept < accept)
+        first = torch.where(passes, nodes[None], accept.shape[1]).amin(-1)
+        return torch.where(passes.any(-1), first, 0)
+
+
+class UnweightedResidual(R.BlockChain):
+    """The stop residual (p - q)_+ without the weight w_tau."""
+
+    def weighted_residual(self, out: Any, target: Any, draft: Any, token: Any, scale: Any) -> Any:
+        return super().weighted_residual(out, target, draft, token, torch.ones_like(scale))
+
+
+class NoBonusBlock(R.BlockChain):
+    """The acceptance at the chain's end is h (a residual mass), not w_n."""
+
+    def acceptances(self, chain: Any, weights: Any) -> Any:
+        longer = chain._replace(num_drafts=chain.num_drafts + 1)
+        return super().acceptances(longer, weights)
+
+
+class NSSSampleLane(R.NSSChain):
+    """Every node's draw made with the next node's sample uniform."""
+
+    def draws(self, chain: Any, sample: Any) -> Any:
+        return super().draws(chain, torch.cat([sample[:, 1:], sample[:, :1]], 1))
+
+
+RULE_MUTANTS = [
+    ("traversal", BlockRuleOnTraversal()),
+    ("block", ShallowestTau()),
+    ("block", UnweightedResidual()),
+    ("block", NoBonusBlock()),
+    ("nss", NSSSampleLane()),
+]
+
+
+def rule_mismatches(name: str, engine: Any, rounds: list[Round], point_mass: bool) -> int:
+    draft_tokens, target, draft, noise = layout(rounds, point_mass)
+    lengths = C.draft_lengths(draft_tokens)
+    chain = C.chain_round(draft_tokens, lengths, target, draft, torch.float64)
+    out = engine.run(chain, noise)
+    return sum(a != b for a, b in zip(got(out), expected(name, rounds), strict=True))
+
+
+@pytest.mark.parametrize("case", RULE_MUTANTS, ids=lambda c: type(c[1]).__name__)
+def test_mutants_of_the_rule_engines_are_caught(case: tuple[str, Any]) -> None:
+    name, mutant = case
+    engine = C.CHAIN_RULES[type(ssg.get_lowering(name))]
+    found = 0
+    for seed in range(4):
+        for point_mass in (False, True):
+            for pair in (ss.pairs.Random(3, seed=seed), EqualRows()):
+                rounds = chain_rounds(pair, np.random.default_rng(seed), 18, point_mass)
+                assert rule_mismatches(name, engine, rounds, point_mass) == 0
+                found += rule_mismatches(name, mutant, rounds, point_mass)
+    assert found > 0
 
 
 class PointMassDraft:
