@@ -5,6 +5,9 @@
   ragged acceptance;
 * :mod:`.drafters` -- the :class:`Drafter` protocol, :class:`NoDraft`, :class:`NGramDraft`;
   :mod:`.model_draft` -- :class:`ModelDraft` (a causal LM) and :class:`LayerSkipDraft`;
+* :mod:`.lengths` -- adaptive draft lengths: :class:`HeuristicLength` (transformers'
+  heuristic schedule) and :class:`CostModelLength`; :class:`MixedDraft` -- prompt lookup
+  where it finds a continuation, the model elsewhere;
 * :mod:`.verification` -- :class:`TreeVerification` and :class:`KeyedVerification`;
 * :mod:`.state` -- :class:`DecodeState`, the per-row tensors of one ``generate`` call;
 * :mod:`.attention` -- tree masks and the cache surgery they need;
@@ -20,7 +23,8 @@ from __future__ import annotations
 from .custom_generate import generate
 from .decoder import DecodeOutput, DecodeStats, RoundTrace, SpeculativeDecoder
 from .drafters import Drafter, Draw, NGramDraft, NoDraft, Proposal
-from .model_draft import LayerSkipDraft, ModelDraft
+from .lengths import CostModelLength, DraftLength, HeuristicLength
+from .model_draft import LayerSkipDraft, MixedDraft, ModelDraft
 from .models import MODELS, ChecksumError, cache_dir, fetch, load_model, resolve_model
 from .state import DecodeState
 from .verification import KeyedVerification, TreeVerification
@@ -28,13 +32,17 @@ from .verification import KeyedVerification, TreeVerification
 __all__ = [
     "MODELS",
     "ChecksumError",
+    "CostModelLength",
     "DecodeOutput",
     "DecodeState",
     "DecodeStats",
+    "DraftLength",
     "Drafter",
     "Draw",
+    "HeuristicLength",
     "KeyedVerification",
     "LayerSkipDraft",
+    "MixedDraft",
     "ModelDraft",
     "NGramDraft",
     "NoDraft",

@@ -66,6 +66,7 @@ from ..processing import process
 from ..tree import TreeBatch
 from .attention import check_causal_lm
 from .drafters import Drafter, NGramDraft, Proposal, as_drafter
+from .lengths import DraftLength, check_adaptive
 from .model_draft import LayerSkipDraft, vocab_size
 from .state import DecodeState, check_prompt, eos_set
 from .verification import KeyedVerification, TreeVerification, verification_for
@@ -155,6 +156,12 @@ class SpeculativeDecoder:
         with ``generate(..., key=...)``).
     shape : Shape
         How each round drafts (a chain for :class:`NGramDraft`).
+    length : DraftLength, optional
+        An adaptive draft length (:mod:`specsampling.gpu.hf.lengths`: transformers' heuristic
+        schedule, :class:`~specsampling.gpu.hf.lengths.HeuristicLength`, or the cost-model
+        choice, :class:`~specsampling.gpu.hf.lengths.CostModelLength`): each round drafts
+        ``Shape.chain(k)``, ``k`` picked before the round draws (chain shapes and tree
+        verifiers only; ``shape``'s length is the first round's).
 
     A decoder holds the per-call state of its drafter and strategy: run one ``generate`` at a
     time on it.
@@ -189,6 +196,7 @@ class SpeculativeDecoder:
         draft: Any = None,
         scheme: Any = "standard",
         shape: Shape | None = None,
+        length: DraftLength | None = None,
     ) -> None:
         check_causal_lm(target, "target")
         self.target = target
@@ -198,6 +206,15 @@ class SpeculativeDecoder:
         self.draft = draft
         self.drafter: Drafter = as_drafter(draft)
         self.drafter.check(target, self.verification)
+        if length is not None:
+            if not isinstance(length, DraftLength):
+                raise ValueError(
+                    "length: expected a DraftLength policy (HeuristicLength, CostModelLength) "
+                    f"or None, got {type(length).__name__}"
+                )
+            check_adaptive(self.verification, "length")
+        #: The adaptive draft length policy (``None``: every round drafts ``shape``).
+        self.length = length
         #: Set to a list to record a :class:`RoundTrace` of every round.
         self.traces: list[RoundTrace] | None = None
 
@@ -274,6 +291,8 @@ class SpeculativeDecoder:
             streamer.put(prompt[0].cpu())
         try:
             if max_new_tokens > 0:
+                if self.length is not None:
+                    self.length.start(self.shape.depth)
                 self.verification.start(state, keys, window)
                 state.prefill()
                 self.drafter.start(state)
@@ -288,13 +307,26 @@ class SpeculativeDecoder:
     # ------------------------------------------------------------------ one round
     def round(self, state: DecodeState) -> None:
         """Draft, score, verify, commit; finished rows leave the batch."""
+        shape = None
+        if self.length is not None:  # this round's chain, chosen before anything is drawn
+            room = max(state.room(), 2)  # a round emits at most its length + 1 tokens
+            shape = Shape.chain(min(self.length.length(state.batch_size), room - 1))
+            before, forwards = dict(state.times), getattr(self.drafter, "forwards", 0)
         with state.timed("draft"):
-            proposal = self.drafter.propose(state, self.verification.draw(state))
+            proposal = self.drafter.propose(state, self.verification.draw(state, shape))
         with state.timed("target"):
             target_logits = state.score(proposal.tree)  # [B, N, V]
             target_probs = state.process(target_logits)  # [B, N, V]
         with state.timed("verify"):
             verified = self.verification.verify(state, proposal, target_probs)
+        if self.length is not None:
+            self.length.update(
+                (proposal.tree.num_nodes - 1).tolist(),
+                (verified.num_emitted - 1).tolist(),
+                {phase: state.times[phase] - before[phase] for phase in before},
+                getattr(self.drafter, "forwards", 0) - forwards,
+                state.batch_size,
+            )
         if self.traces is not None:
             self.traces.append(RoundTrace.of(state, proposal, target_logits, verified))
         self.drafter.commit(state, proposal, verified)

@@ -69,8 +69,10 @@ class Draw(Protocol):
         (the root alone at level 0), one slot per step of ``levels[level - 1]``."""
         ...
 
-    def next_level(self, level: int, draft_probs: torch.Tensor) -> None:
-        """Draw the steps of ``levels[level]`` from ``draft_probs [B, F, V]`` at the frontier."""
+    def next_level(self, level: int, draft_probs: torch.Tensor) -> torch.Tensor | None:
+        """Draw the steps of ``levels[level]`` from ``draft_probs [B, F, V]`` at the frontier;
+        the tokens drawn ``[B, S_d]`` where the draw can tell them at once (sampled draws),
+        else ``None`` (the keyed race)."""
         ...
 
     def finish(self) -> tuple[TreeBatch, Any]:
@@ -162,7 +164,11 @@ class NGramDraft(Drafter):
 
     def propose(self, state: DecodeState, draw: Draw) -> Proposal:
         length = len(draw.levels)
-        proposals = [self.lookup(context, length) for context in state.contexts]
+        return self.chains(state, draw, [self.lookup(c, length) for c in state.contexts])
+
+    def chains(self, state: DecodeState, draw: Draw, proposals: list[list[int]]) -> Proposal:
+        """The point-mass chains ``proposals`` (one token list per row) through ``draw``."""
+        length = len(draw.levels)
         tokens = torch.full((state.batch_size, length), PAD, dtype=torch.long)  # [B, D]
         for row, proposal in enumerate(proposals):
             tokens[row, : len(proposal)] = torch.tensor(proposal, dtype=torch.long)

@@ -20,12 +20,15 @@ import torch
 
 from specsampling.errors import InvalidDistribution
 from specsampling.shapes import Shape
+from specsampling.tree import DrawLaw
 
+from ..chain import chain_batch
 from ..drafting import TreeDrafter
 from ..schemes.base import Verified
 from ..tree import PAD, TreeBatch, node_paths
 from .attention import KVState, forward_kwarg
-from .drafters import Drafter, Draw, Proposal
+from .drafters import Drafter, Draw, NGramDraft, Proposal
+from .lengths import check_adaptive, check_confidence
 
 if TYPE_CHECKING:
     from .state import DecodeState
@@ -99,6 +102,7 @@ class LevelMasks:
     to itself alone (what a padded query keeps)."""
 
     def __init__(self, shape: Shape, device: torch.device) -> None:
+        self.shape = shape
         drafter = TreeDrafter(shape, 1, device)
         parents = drafter.parent_steps
         slot: dict[int, int] = {}
@@ -120,17 +124,47 @@ class LevelMasks:
             self.attend[level] = allowed.to(device)
             self.eye[level] = eye.to(device)
 
+    def covers(self, shape: Shape) -> bool:
+        """Whether these masks serve ``shape`` too: both chains, ``shape`` no longer."""
+        return self.shape.is_chain and shape.is_chain and shape.depth <= self.shape.depth
+
     def level(self, level: int, exists: torch.Tensor) -> torch.Tensor:
         """``attend [B, F, T + F]`` of ``level`` for the frontier slots ``exists [B, F]``."""
         return (self.attend[level][None] & exists[:, :, None]) | self.eye[level][None]
 
 
 class ModelDraft(Drafter):
-    """Drafts with ``model`` (a causal LM sharing the tokenizer, or a :class:`LayerSkipDraft`),
-    on its own cache, with the shape's law (see the module doc)."""
+    r"""Drafts with ``model`` (a causal LM sharing the tokenizer, or a :class:`LayerSkipDraft`),
+    on its own cache, with the shape's law (see the module doc).
 
-    def __init__(self, model: Any) -> None:
+    ``confidence`` (chains only; ``None``: off): **early stopping**, transformers'
+    ``assistant_confidence_threshold`` rule (its ``ConfidenceCriteria``): a row's chain ends
+    after the first drafted token whose draft probability :math:`q(x_d \mid x_{<d})` is under
+    ``confidence`` (at temperature 0 that is the draft's top probability). The token is kept,
+    no draft forward is spent past it, and the round's drafting stops once every row has
+    stopped (one host synchronisation per level).
+
+    Why the law is kept: whether a token is drafted at depth :math:`d + 1` is a function of
+    the path :math:`x_{\le d}` already drafted (and of the draft's distributions on it), never
+    of the target or of the verifier's uniforms, so the chain length is a *stopping time* of
+    the drafting process, and each drafted token is still a fresh sample from its known
+    :math:`q(\cdot \mid x_{<d})`, given its prefix. For a top-down chain verifier
+    (``standard``: accept :math:`x_d` with :math:`\min(1, p/q)`, else the residual) the
+    emitted token at depth :math:`d` is then :math:`p`-distributed given the prefix whether or
+    not a draft exists there, which is all its proof uses. The exact engine confirms it for
+    every chain scheme (``standard``, ``nss``, ``block``, ``traversal``, ``specinfer``,
+    ``rsd``, ``spectr``, ``resispec``, ``greedy``, ``spechub``, ``ot_optimal``, ``ot_binned``,
+    ``khisti``): with Fractions their stream law under such a rule equals the target's
+    exactly, while *dropping* the low-probability token (a decision that depends on the token
+    being dropped) is biased (``tests/test_hf_adaptive.py``). Keyed couplings and tree shapes
+    are refused (not built: a keyed walk drafts on its fixed plan).
+    """
+
+    def __init__(self, model: Any, confidence: float | None = None) -> None:
+        if isinstance(model, ModelDraft):
+            model = model.model
         self.model = model
+        self.confidence = check_confidence(confidence)
         self.kv: KVState | None = None
         self.masks: LevelMasks | None = None
         self.pending = self.pending_valid = torch.empty(0)  # [B, P] uncached emitted tokens
@@ -140,6 +174,8 @@ class ModelDraft(Drafter):
 
     def check(self, target: Any, verification: Any) -> None:
         verification.check_law(None, type(self.model).__name__)
+        if self.confidence is not None:
+            check_adaptive(verification, "confidence")
         device, dtype = _device_dtype(target)
         draft_device, draft_dtype = _device_dtype(self.model)
         if draft_device != device:
@@ -169,17 +205,20 @@ class ModelDraft(Drafter):
     def propose(self, state: DecodeState, draw: Draw) -> Proposal:
         kv = self.kv
         assert kv is not None, "ModelDraft.start was not called"
-        if self.masks is None:
-            self.masks = LevelMasks(draw.shape, state.device)
+        masks = self.masks_for(draw.shape, state.device)
+        stopping = self.confidence is not None and draw.shape.is_chain
         pad_mass = torch.zeros((), dtype=torch.bool, device=state.device)
         level_logits, level_probs, self.level_paths, self.level_exists = [], [], [], []
+        drawn_tokens: list[torch.Tensor] = []  # [B] per level (chains with early stopping)
+        lengths = torch.full((state.batch_size,), len(draw.levels), device=state.device)  # [B]
+        stopped = torch.zeros(state.batch_size, dtype=torch.bool, device=state.device)  # [B]
         for level in range(len(draw.levels)):
             paths, exists = draw.frontier(level)  # [B, F, level], [B, F]
             if level == 0:
                 logits = kv.forward_causal(self.pending, self.pending_valid, last_only=True)
             else:
                 tokens = paths[:, :, -1].clamp_min(0)  # [B, F]
-                attend = self.masks.level(level, exists)  # [B, F, T + F]
+                attend = masks.level(level, exists)  # [B, F, T + F]
                 positions = (kv.lengths()[:, None] + level - 1).expand_as(tokens)  # [B, F]
                 logits = kv.forward(tokens, attend, positions, exists)
             probs = state.process(logits)  # [B, F, V']
@@ -190,13 +229,25 @@ class ModelDraft(Drafter):
             level_probs.append(probs)
             self.level_paths.append(paths)
             self.level_exists.append(exists)
-            draw.next_level(level, probs)
+            drawn = draw.next_level(level, probs)  # [B, 1] on a chain
+            if stopping:
+                assert drawn is not None, "early stopping needs the drawn tokens"
+                token = drawn[:, 0]  # [B]
+                drawn_tokens.append(token)
+                confident = probs[:, 0].gather(1, token.clamp_min(0)[:, None])[:, 0]  # [B]
+                low = (confident < self.confidence) & ~stopped  # [B]: stop after this token
+                lengths = torch.where(low, level + 1, lengths)
+                stopped |= low
+                if level + 1 < len(draw.levels) and bool(stopped.all()):  # one sync a level
+                    break
         if bool(pad_mass):  # one host synchronisation per round
             raise InvalidDistribution(
                 f"draft: its vocabulary is padded beyond the target's {state.vocab_size} "
                 "tokens, and the padded ids get positive draft probability (they must get none)"
             )
-        tree, drawn = draw.finish()
+        if stopping:
+            return self.stopped_chain(state, drawn_tokens, lengths, level_probs, level_logits)
+        tree, drawn_by = draw.finish()
         slot_of = self.node_slots(tree)  # [B, N]
         expanded = slot_of >= 0  # [B, N]
         values = _gather_rows(torch.cat(level_probs, dim=1), slot_of)[expanded]  # [E, V]
@@ -204,7 +255,51 @@ class ModelDraft(Drafter):
         if state.tracing:
             raw = _gather_rows(torch.cat(level_logits, dim=1), slot_of).detach()
             raw = raw.masked_fill(~expanded[..., None], float("nan"))
-        return Proposal(tree, (expanded, values), raw, drawn)
+        return Proposal(tree, (expanded, values), raw, drawn_by)
+
+    def stopped_chain(
+        self,
+        state: DecodeState,
+        drawn: list[torch.Tensor],  # [B] per drafted level
+        lengths: torch.Tensor,  # [B]
+        level_probs: list[torch.Tensor],  # [B, 1, V] per level
+        level_logits: list[torch.Tensor],  # [B, 1, V'] per level
+    ) -> Proposal:
+        """The chains drawn, each cut after its first token of draft probability under
+        ``confidence``: node ``n < length`` has the draft row of level ``n``."""
+        tokens = torch.stack(drawn, dim=1)  # [B, K]
+        depth = tokens.shape[1]
+        tree = chain_batch(tokens, lengths)
+        nodes = torch.arange(depth + 1, device=tokens.device)[None, :]  # [1, K + 1]
+        expanded = nodes < lengths[:, None]  # [B, K + 1]
+        table = torch.cat(level_probs, dim=1)  # [B, K, V]
+        values = table[expanded[:, :depth]]  # [E, V]
+        raw = None
+        if state.tracing:
+            logits = torch.cat(level_logits, dim=1)[..., : table.shape[-1]]  # [B, K, V]
+            raw = torch.cat([logits, torch.full_like(logits[:, :1], float("nan"))], dim=1)
+            raw = raw.masked_fill(~expanded[..., None], float("nan")).detach()
+        return Proposal(tree, (expanded, values), raw)
+
+    def masks_for(self, shape: Shape, device: torch.device) -> LevelMasks:
+        """The level masks of ``shape`` (a chain's serve every shorter chain)."""
+        masks = self.masks
+        if masks is not None and (masks.shape == shape or masks.covers(shape)):
+            return masks
+        self.masks = LevelMasks(shape, device)
+        return self.masks
+
+    def skip(self, state: DecodeState, verified: Verified) -> None:
+        """The round was drafted by someone else (:class:`MixedDraft`): every emitted token is
+        still to be cached, after the pending ones (right-aligned, holes before)."""
+        tokens = verified.tokens  # [B, D + 1]
+        lanes = torch.arange(tokens.shape[1], device=tokens.device)[None, :]
+        valid = torch.cat([self.pending_valid, lanes < verified.num_emitted[:, None]], dim=1)
+        tokens = torch.cat([self.pending, tokens.clamp_min(0)], dim=1)
+        order = valid.int().argsort(dim=1, stable=True)  # the valid lanes last, in order
+        self.pending, self.pending_valid = tokens.gather(1, order), valid.gather(1, order)
+        width = int(self.pending_valid.any(0).int().argmax())  # the leading all-hole lanes
+        self.pending, self.pending_valid = self.pending[:, width:], self.pending_valid[:, width:]
 
     def node_slots(self, tree: TreeBatch) -> torch.Tensor:
         """The drafted slot (flat over the levels: root, then each level's frontier) whose path
@@ -262,7 +357,80 @@ class ModelDraft(Drafter):
         self._forwards = forwards
 
     def __repr__(self) -> str:
-        return f"ModelDraft({type(self.model).__name__})"
+        extra = "" if self.confidence is None else f", confidence={self.confidence}"
+        return f"ModelDraft({type(self.model).__name__}{extra})"
+
+
+class MixedDraft(Drafter):
+    """Prompt lookup where it finds a continuation, a model draft elsewhere.
+
+    Each round, **before anything is drawn**, :class:`~.drafters.NGramDraft` looks every
+    active row's context up: when it finds a continuation for every row, the round proposes
+    those point-mass chains (no draft forward; the model's cache catches up on the emitted
+    tokens in its next forward); otherwise ``model`` drafts the round with the shape's law.
+    The choice is a function of the committed contexts alone, so each round's draw law is
+    known when it is verified: a point mass, or the model's sampled law. Exact for the schemes
+    exact for both (:class:`~.drafters.NGramDraft`'s condition: ``nss`` and the schemes exact
+    on sampled chains with the point-mass rule, e.g. ``standard``, ``block``, ``traversal``;
+    and every keyed coupling); the rest are refused before the first forward. Chains only.
+
+    A tree mixing both in one round (an n-gram branch beside sampled branches) would need a
+    draw law per branch, which no lowered scheme takes today: not built.
+
+    ``model``: a causal LM, :class:`LayerSkipDraft` or :class:`ModelDraft` (e.g. with
+    ``confidence``); ``ngram``: the lookup (default ``NGramDraft(n=3, min_n=2)``).
+    """
+
+    def __init__(self, model: Any, ngram: NGramDraft | None = None) -> None:
+        if not isinstance(model, ModelDraft):
+            from .drafters import as_drafter
+
+            model = as_drafter(model)
+        if not isinstance(model, ModelDraft):
+            raise ValueError(f"model: expected a draft model, got {type(model).__name__}")
+        if ngram is not None and not isinstance(ngram, NGramDraft):
+            raise ValueError(f"ngram: expected an NGramDraft, got {type(ngram).__name__}")
+        self.model = model
+        self.ngram = NGramDraft(n=3, min_n=2) if ngram is None else ngram
+        self.looked_up = False  # whether the current round is the lookup's
+        #: Rounds of the current (or last) call drafted by the lookup.
+        self.lookup_rounds = 0
+
+    def check(self, target: Any, verification: Any) -> None:
+        self.model.check(target, verification)
+        verification.check_law(DrawLaw.DETERMINISTIC, "MixedDraft (its prompt-lookup rounds)")
+
+    def start(self, state: DecodeState) -> None:
+        self.model.start(state)
+        self.lookup_rounds = 0
+
+    @property
+    def forwards(self) -> int:
+        return self.model.forwards
+
+    def propose(self, state: DecodeState, draw: Draw) -> Proposal:
+        length = len(draw.levels)
+        found = [self.ngram.lookup(context, length) for context in state.contexts]
+        self.looked_up = all(found)
+        if self.looked_up:
+            self.lookup_rounds += 1
+            return self.ngram.chains(state, draw, found)
+        return self.model.propose(state, draw)
+
+    def commit(self, state: DecodeState, proposal: Proposal, verified: Verified) -> None:
+        if self.looked_up:
+            self.model.skip(state, verified)
+        else:
+            self.model.commit(state, proposal, verified)
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        self.model.select_rows(rows)
+
+    def stop(self) -> None:
+        self.model.stop()
+
+    def __repr__(self) -> str:
+        return f"MixedDraft({self.model!r}, {self.ngram!r})"
 
 
 def _gather_rows(table: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
@@ -284,4 +452,4 @@ def vocab_size(model: Any) -> int:
     return int(model.config.get_text_config(decoder=True).vocab_size)
 
 
-__all__ = ["LayerSkipDraft", "LevelMasks", "ModelDraft", "vocab_size"]
+__all__ = ["LayerSkipDraft", "LevelMasks", "MixedDraft", "ModelDraft", "vocab_size"]

@@ -109,6 +109,10 @@ class DecodeState:
     def active(self) -> bool:
         return bool(self.rows)
 
+    def room(self) -> int:
+        """The most tokens an active row may still emit."""
+        return max(self.max_new_tokens - len(self.generated[r]) for r in self.rows)
+
     @contextmanager
     def timed(self, phase: str) -> Iterator[None]:
         """Add the wall time of the block to ``times[phase]``."""

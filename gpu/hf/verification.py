@@ -78,7 +78,8 @@ class SampledDraw:
         frontier = self.drafter.frontier
         return frontier.paths, frontier.exists
 
-    def next_level(self, level: int, draft_probs: torch.Tensor) -> None:
+    def next_level(self, level: int, draft_probs: torch.Tensor) -> torch.Tensor:
+        """Draw ``levels[level]``; returns the tokens drawn, ``[B, S_d]`` (``PAD``: skipped)."""
         if self.uniforms is None:
             self.uniforms = torch.rand(
                 (self.state.batch_size, self.drafter.num_steps),
@@ -86,7 +87,8 @@ class SampledDraw:
                 generator=self.state.generator,
                 device=self.state.device,
             )  # [B, S]
-        self.drafter.next_level(draft_probs, self.uniforms[:, list(self.levels[level])])
+        drawn = self.drafter.next_level(draft_probs, self.uniforms[:, list(self.levels[level])])
+        return drawn.tokens
 
     def finish(self) -> tuple[TreeBatch, None]:
         return self.drafter.finish(), None
@@ -138,8 +140,10 @@ class TreeVerification:
     def select_rows(self, keep: Sequence[int], rows: torch.Tensor) -> None:
         """No per-row state."""
 
-    def draw(self, state: DecodeState) -> SampledDraw:
-        return SampledDraw(self.shape, state)
+    def draw(self, state: DecodeState, shape: Shape | None = None) -> SampledDraw:
+        """This round's draw: the decoder's shape, or ``shape`` (a chain of another length,
+        chosen by a :mod:`~specsampling.gpu.hf.lengths` policy before drawing)."""
+        return SampledDraw(self.shape if shape is None else shape, state)
 
     def verify(
         self, state: DecodeState, proposal: Proposal, target_probs: torch.Tensor
@@ -307,7 +311,10 @@ class KeyedVerification:
         self.keys = self.keys[rows]
         self.starts = [self.starts[b] for b in keep]
 
-    def draw(self, state: DecodeState) -> KeyedDraw:
+    def draw(self, state: DecodeState, shape: Shape | None = None) -> KeyedDraw:
+        """This round's keyed draw (on the plan of the decoder's shape: ``shape`` must be
+        ``None``, adaptive lengths are refused before the first forward)."""
+        assert shape is None or shape == self.shape, "keyed rounds draft the decoder's shape"
         return KeyedDraw(self, state)
 
     def verify(

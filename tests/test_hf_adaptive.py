@@ -1,0 +1,387 @@
+"""Adaptive drafting in the HF decoder: draft-length policies, early stopping, mixed drafts.
+
+* **exactness of data-dependent lengths**, by the exact engine in Fractions: for every chain
+  scheme, a chain whose length is a stopping time of the drafting (stop after a token of low
+  draft probability, transformers' confidence rule, and other rules that read only the path
+  drafted) has the target's stream law exactly; the mutant that *drops* the low-probability
+  token (a decision that depends on the dropped token) is caught;
+* **greedy equality**: every new option at temperature 0 emits ``model.generate(do_sample=
+  False)``'s tokens, B = 1 and B = 3 with ragged prompts, with a draft that accepts little and
+  with a self-draft that accepts everything (the schedule's lengths grow and are cut by the
+  budget);
+* **sampling losslessness**: the first two tokens' law over thousands of rows (chi-square on
+  counts) for every new drafting option, and an always-accept mutant under the same options
+  that must fail;
+* the policies' own rules (transformers' ``+2 / -1``; the cost model's argmax), early
+  stopping's saved forwards, and refusals of what is not exact or not built.
+
+False-positive budget: ``1e-3`` for the file, split evenly over its chi-square tests that must
+accept; the negative control rejects at the same ``ALPHA`` (a power check).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from fractions import Fraction
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import specsampling as ss  # noqa: E402
+import specsampling.gpu as ssg  # noqa: E402
+from proofs_tests.chisquare import chi_square_pvalue  # noqa: E402
+from proofs_tests.hf_models import (  # noqa: E402
+    AcceptAll,
+    left_pad,
+    no_grad,  # noqa: F401 (autouse fixture)
+    one_thread,  # noqa: F401 (autouse fixture)
+    perturbed,
+    tiny_causal_lm,
+)
+from specsampling.errors import UnsupportedShape  # noqa: E402
+from specsampling.exact import target_joint  # noqa: E402
+from specsampling.gpu.hf import (  # noqa: E402
+    CostModelLength,
+    HeuristicLength,
+    LayerSkipDraft,
+    MixedDraft,
+    ModelDraft,
+    NGramDraft,
+    SpeculativeDecoder,
+)
+from specsampling.schemes.base import tables  # noqa: E402
+from specsampling.simulators import CostModel  # noqa: E402
+from specsampling.tree import DraftTree  # noqa: E402
+
+Shape = ss.Shape
+CHAIN_SCHEMES = [
+    name
+    for name, scheme in ss.SCHEMES.items()
+    if isinstance(ssg.SCHEMES.get(name), ssg.schemes.TreeLowering)
+    and scheme.supports(Shape.chain(2))
+]
+
+
+# ----------------------------------------------------------------------------- exact engine
+def stopping_round_law(scheme, pair, max_length, stop, prefix, drop=False):
+    """Exact law of one round whose chain grows token by token from the draft and ends after
+    the first token ``x`` with ``stop(prefix, path)`` (or at ``max_length``); ``drop``: the
+    mutant that removes that last token again."""
+    law = {}
+
+    def grow(path, weight):
+        if path and (len(path) == max_length or stop(prefix, path)):
+            kept = path[:-1] if drop and len(path) > 1 and len(path) < max_length else path
+            tree = DraftTree.chain(kept, law="iid")
+            for verdict, prob in scheme.verdict_law(tree, *tables(pair, tree, prefix)).items():
+                emitted = (*tree.prefix(verdict.node), verdict.token)
+                law[emitted] = law.get(emitted, 0) + weight * prob
+            return
+        draft = pair.draft(prefix + tuple(path))
+        for token in range(pair.vocab_size):
+            if draft[token] > 0:
+                grow([*path, token], weight * draft[token])
+
+    grow([], 1)
+    return law
+
+
+def stopping_stream_error(scheme, pair, stop, length=3, drop=False):
+    """Max deviation of the first ``length`` emitted tokens' law from the target's."""
+    rounds = {}
+
+    def after(context, remaining):
+        if remaining == 0:
+            return {(): 1}
+        if context not in rounds:
+            rounds[context] = stopping_round_law(scheme, pair, 3, stop, context, drop)
+        out = {}
+        for emitted, prob in rounds[context].items():
+            if len(emitted) >= remaining:
+                out[emitted[:remaining]] = out.get(emitted[:remaining], 0) + prob
+                continue
+            for tail, tail_prob in after(context + emitted, remaining - len(emitted)).items():
+                out[emitted + tail] = out.get(emitted + tail, 0) + prob * tail_prob
+        return out
+
+    law, target = after((), length), target_joint(pair, length)
+    return max(abs(law.get(s, 0) - target.get(s, 0)) for s in {*law, *target})
+
+
+def low_confidence(pair):
+    """transformers' rule: stop after a token of draft probability under 1/3."""
+    return lambda prefix, path: pair.draft(prefix + tuple(path[:-1]))[path[-1]] < Fraction(1, 3)
+
+
+def stop_rules(pair):
+    return {
+        "confidence": low_confidence(pair),
+        "top of the next draft row": lambda prefix, path: (
+            max(pair.draft(prefix + tuple(path))) < Fraction(1, 2)
+        ),
+        "token value": lambda prefix, path: path[-1] == 1,
+    }
+
+
+@pytest.mark.parametrize("name", CHAIN_SCHEMES)
+def test_every_chain_scheme_is_exact_for_stopping_time_lengths(name):
+    scheme = ss.SCHEMES[name]
+    stopped = 0
+    for seed in (0, 1):
+        pair = ss.pairs.Random(vocab_size=3, seed=seed, exact=True)
+        for rule in stop_rules(pair).values():
+            assert stopping_stream_error(scheme, pair, rule) == 0
+        law = stopping_round_law(scheme, pair, 3, low_confidence(pair), ())
+        stopped += sum(p for e, p in law.items() if len(e) < 4) > 0
+    assert stopped  # the rule did cut chains short
+
+
+@pytest.mark.parametrize("name", ["standard", "block"])
+def test_dropping_the_low_confidence_token_is_caught(name):
+    errors = []
+    for seed in (0, 1):
+        pair = ss.pairs.Random(vocab_size=3, seed=seed, exact=True)
+        scheme, rule = ss.SCHEMES[name], low_confidence(pair)
+        errors.append(stopping_stream_error(scheme, pair, rule, drop=True))
+    assert max(errors) > Fraction(1, 100)
+
+
+# ----------------------------------------------------------------------------- policies
+def test_heuristic_schedule_is_transformers_rule():
+    policy = HeuristicLength(initial=3, max_length=8)
+    policy.start(5)
+    seen = []
+    for drafted, accepted in [(3, 3), (5, 5), (7, 2), (6, 0), (5, 5), (7, 7), (8, 8), (8, 8)]:
+        seen.append(policy.length(1))
+        assert seen[-1] == drafted
+        policy.update([drafted], [accepted], {}, drafted, 1)
+    assert seen == [3, 5, 7, 6, 5, 7, 8, 8]
+    policy.start(5)  # transient: every call starts afresh
+    assert policy.length(1) == 3
+    batch = HeuristicLength()
+    batch.start(4)
+    batch.update([4, 4], [4, 3], {}, 4, 2)  # one row rejected: -1
+    assert batch.length(2) == 3
+    batch.update([2, 1], [2, 1], {}, 2, 2)  # rows stopped early, all their drafts accepted: +2
+    assert batch.length(2) == 5
+    for _ in range(10):
+        batch.update([1], [0], {}, 1, 1)
+    assert batch.length(1) == 1
+
+
+def test_cost_model_length_is_the_predicted_argmax():
+    costs = CostModel(0.10, 0.004, 0.03, 0.0)
+    policy = CostModelLength(max_length=12, costs=costs, prior_alpha=0.5, prior_weight=1)
+    policy.start(4)
+    for _ in range(30):
+        policy.update([6], [5], {}, 6, 1)  # 5 successes of 6 trials a round
+    alpha = (30 * 5 + 0.5) / (30 * 6 + 1)
+    assert policy.alpha == pytest.approx(alpha)
+    speeds = [
+        (1 - alpha ** (k + 1)) / (1 - alpha) / costs.round_seconds(Shape.chain(k))
+        for k in range(1, 13)
+    ]
+    assert policy.length(1) == 1 + speeds.index(max(speeds))
+    fitted = CostModelLength(max_length=6, warmup=2)
+    fitted.start(3)
+    assert fitted.length(1) == 3  # the shape's length until measured
+    for drafted in (2, 5, 3):
+        seconds = {"draft": 0.02 * drafted, "target": 0.1 + 0.01 * (drafted + 1), "verify": 0}
+        fitted.update([drafted], [drafted], seconds, drafted, 1)
+    model = fitted.fitted()
+    assert model.draft_fixed == pytest.approx(0.02)
+    assert model.target_fixed == pytest.approx(0.1)
+    assert model.target_per_token == pytest.approx(0.01)
+    assert fitted.length(1) == 6  # everything accepted, cheap draft: the longest chain
+
+
+# ----------------------------------------------------------------------------- greedy
+PROMPTS = [[3, 5, 7, 9, 11], [4, 2], [8, 1, 6, 6]]
+
+
+def llama(seed, vocab=64, layers=2):
+    return tiny_causal_lm("llama", seed, vocab=vocab, attn="eager", layers=layers)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = llama(0)
+    return target, perturbed(target, 0.05, 1)
+
+
+def greedy_reference(model, prompt, length):
+    out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=length)
+    return out[0, len(prompt) :].tolist()
+
+
+def options(target, draft):
+    """(label, drafter, length policy) of every new option, and some combinations."""
+    return [
+        ("confidence", ModelDraft(draft, confidence=0.6), None),
+        ("heuristic", draft, HeuristicLength(initial=1, max_length=6)),
+        ("cost model", draft, CostModelLength(max_length=6, costs=CostModel.relative(0.2))),
+        ("cost model fitted", draft, CostModelLength(max_length=6, warmup=1)),
+        ("mixed", MixedDraft(draft, NGramDraft(n=2, min_n=1)), None),
+        ("all", MixedDraft(ModelDraft(draft, confidence=0.6)), HeuristicLength(initial=2)),
+        ("layerskip", ModelDraft(LayerSkipDraft(target, [0]), confidence=0.9), HeuristicLength()),
+    ]
+
+
+@pytest.mark.parametrize("scheme", ["standard", "block", "traversal", "nss"])
+def test_greedy_equals_generate_for_every_option(pair, scheme):
+    target, weak = pair
+    ids, mask = left_pad(PROMPTS)
+    expected = [greedy_reference(target, p, 12) for p in PROMPTS]
+    for draft in (weak, target):  # little accepted; everything accepted (lengths grow)
+        for label, drafter, length in options(target, draft):
+            dec = SpeculativeDecoder(target, drafter, scheme, Shape.chain(3), length=length)
+            out = dec.generate(ids, attention_mask=mask, max_new_tokens=12, temperature=0)
+            assert out.sequences[:, ids.shape[1] :].tolist() == expected, label
+            alone = dec.generate(torch.tensor([PROMPTS[0]]), max_new_tokens=12, temperature=0)
+            assert alone.sequences[0, 5:].tolist() == expected[0], label
+            if draft is target and label in ("heuristic", "cost model", "all"):
+                assert max(alone.stats.emitted[0]) > 4, label  # a chain longer than the shape's
+
+
+def test_self_draft_schedule_grows_and_stops_at_the_budget(pair):
+    target, _ = pair
+    dec = SpeculativeDecoder(target, target, "standard", Shape.chain(3), length=HeuristicLength())
+    out = dec.generate(torch.tensor([PROMPTS[0]]), max_new_tokens=30, temperature=0)
+    assert out.stats.emitted == ((4, 6, 8, 10, 2),)  # chains of 3, 5, 7, 9, then the room
+
+
+def test_early_stopping_spends_no_forward_past_the_stop(pair):
+    target, draft = pair
+    stopped = SpeculativeDecoder(target, ModelDraft(draft, confidence=1.0), "standard")
+    out = stopped.generate(torch.tensor([PROMPTS[0]]), max_new_tokens=10, seed=0)
+    assert out.stats.draft_forwards == 1 + out.stats.rounds  # the prefill, one per round
+    assert all(e <= 2 for e in out.stats.emitted[0])
+    full = SpeculativeDecoder(target, draft, "standard").generate(
+        torch.tensor([PROMPTS[0]]), max_new_tokens=10, seed=0
+    )
+    assert full.stats.draft_forwards == 1 + 4 * full.stats.rounds  # chain(4): four levels
+
+
+def test_mixed_draft_uses_the_lookup_where_it_matches(pair):
+    target, draft = pair
+    mixed = MixedDraft(draft, NGramDraft(n=2, min_n=1))
+    dec = SpeculativeDecoder(target, mixed, "standard", Shape.chain(3))
+    prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
+    out = dec.generate(torch.tensor([prompt]), max_new_tokens=12, temperature=0)
+    assert out.sequences[0, len(prompt) :].tolist() == greedy_reference(target, prompt, 12)
+    assert 0 < mixed.lookup_rounds < out.stats.rounds or mixed.lookup_rounds == out.stats.rounds
+    assert mixed.lookup_rounds > 0
+
+
+# ----------------------------------------------------------------------------- sampling
+FALSE_POSITIVE_BUDGET = 1e-3
+NUM_ROWS = 3000
+SMALL_VOCAB = 10
+PROMPT = [1, 2, 3, 1, 2]
+SAMPLING_CASES = [
+    ("standard", "confidence", {}),
+    ("block", "confidence", {"temperature": 0.5}),
+    ("standard", "heuristic", {}),
+    ("traversal", "cost model", {}),
+    ("standard", "mixed", {}),
+    ("standard", "all", {"temperature": 0.8, "top_p": 0.95}),
+]
+NUM_CHI_SQUARE_TESTS = len(SAMPLING_CASES)
+ALPHA = FALSE_POSITIVE_BUDGET / NUM_CHI_SQUARE_TESTS
+
+
+@pytest.fixture(scope="module")
+def small_pair():
+    return llama(5, vocab=SMALL_VOCAB), llama(6, vocab=SMALL_VOCAB)
+
+
+def small_options(draft):
+    return {
+        "confidence": (ModelDraft(draft, confidence=0.3), None),
+        "heuristic": (draft, HeuristicLength(initial=1)),
+        "cost model": (draft, CostModelLength(max_length=4, costs=CostModel.relative(0.1))),
+        "mixed": (MixedDraft(draft, NGramDraft(n=2, min_n=1)), None),
+        "all": (MixedDraft(ModelDraft(draft, confidence=0.3)), HeuristicLength(initial=1)),
+    }
+
+
+def two_token_law(target, settings):
+    """The exact law of the first two tokens after ``PROMPT`` from no-cache forwards."""
+
+    def probs(tokens):
+        logits = target(input_ids=torch.tensor([tokens])).logits[0, -1].double()
+        return ssg.process(logits, **settings)
+
+    first = probs(PROMPT)
+    law = {}
+    for x in range(SMALL_VOCAB):
+        if first[x] > 0:
+            second = probs([*PROMPT, x])
+            for y in range(SMALL_VOCAB):
+                law[(x, y)] = float(first[x] * second[y])
+    return law
+
+
+def two_token_counts(dec, settings, seed):
+    out = dec.generate(torch.tensor([PROMPT] * NUM_ROWS), max_new_tokens=2, seed=seed, **settings)
+    return Counter(tuple(row) for row in out.sequences[:, len(PROMPT) :].tolist()), out
+
+
+@pytest.mark.parametrize(("scheme", "option", "settings"), SAMPLING_CASES)
+def test_sampling_two_token_law(small_pair, scheme, option, settings):
+    target, draft = small_pair
+    drafter, length = small_options(draft)[option]
+    dec = SpeculativeDecoder(target, drafter, scheme, Shape.chain(3), length=length)
+    counts, out = two_token_counts(dec, settings, seed=13)
+    assert chi_square_pvalue(counts, two_token_law(target, settings)) > ALPHA
+    assert max(max(e) for e in out.stats.emitted) >= 2  # some rows emitted 2 in one round
+
+
+@pytest.mark.parametrize(
+    ("option", "settings"),
+    [("confidence", {"temperature": 0.5}), ("heuristic", {"temperature": 0.5}), ("all", {})],
+)
+def test_negative_control_always_accept_fails(small_pair, option, settings):
+    """At temperature 1 the tiny models' rows are near uniform, too close to tell one token
+    apart: the controls sharpen them (0.5) or let the mutant accept a point mass."""
+    target, draft = small_pair
+    drafter, length = small_options(draft)[option]
+    lowering = ssg.schemes.tree_lowering(ssg.schemes.get_lowering("standard"))
+    mutant = AcceptAll(lowering, Shape.chain(3))
+    dec = SpeculativeDecoder(target, drafter, mutant, Shape.chain(3), length=length)
+    counts, _ = two_token_counts(dec, settings, seed=13)
+    assert chi_square_pvalue(counts, two_token_law(target, settings)) < ALPHA
+
+
+# ----------------------------------------------------------------------------- refusals
+def test_refusals(pair):
+    target, draft = pair
+    with pytest.raises(ValueError, match="confidence: expected a number in"):
+        ModelDraft(draft, confidence=0)
+    with pytest.raises(ValueError, match="confidence: expected a number in"):
+        ModelDraft(draft, confidence="high")
+    stopping = ModelDraft(draft, confidence=0.5)
+    with pytest.raises(UnsupportedShape, match="confidence: adaptive draft lengths draft chains"):
+        SpeculativeDecoder(target, stopping, "specinfer", Shape.paths(2, 2))
+    with pytest.raises(UnsupportedShape, match=r"confidence: .*keyed coupling"):
+        SpeculativeDecoder(target, ModelDraft(draft, confidence=0.5), "gumbel", Shape.chain(2))
+    with pytest.raises(UnsupportedShape, match="length: adaptive draft lengths draft chains"):
+        SpeculativeDecoder(target, draft, "specinfer", Shape.paths(2, 2), length=HeuristicLength())
+    with pytest.raises(UnsupportedShape, match=r"length: .*keyed coupling"):
+        SpeculativeDecoder(target, draft, "gls", Shape.chain(2), length=HeuristicLength())
+    with pytest.raises(ValueError, match="length: expected a DraftLength policy"):
+        SpeculativeDecoder(target, draft, "standard", Shape.chain(2), length=4)
+    with pytest.raises(UnsupportedShape, match="MixedDraft"):
+        SpeculativeDecoder(target, MixedDraft(draft), "specinfer", Shape.paths(2, 2))
+    with pytest.raises(ValueError, match="ngram: expected an NGramDraft"):
+        MixedDraft(draft, ngram=3)
+    with pytest.raises(ValueError, match="initial: expected at most max_length"):
+        HeuristicLength(initial=9, max_length=4)
+    with pytest.raises(ValueError, match="max_length"):
+        CostModelLength(max_length=0)
+    with pytest.raises(ValueError, match=r"costs: expected a specsampling\.simulators\.CostModel"):
+        CostModelLength(costs=1.0)
+    with pytest.raises(ValueError, match="prior_alpha"):
+        CostModelLength(prior_alpha=1.0)
