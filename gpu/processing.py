@@ -15,19 +15,46 @@ as the reference's ``argsort(kind="stable")``), and the result is :math:`p` rest
 (lowest id on ties), which the verifiers then treat as any other target. ``top_p = 1`` (or
 ``None``) keeps every token, ``top_k >= V`` (or ``None``) keeps every token.
 
-The lowering mirrors the reference's arithmetic step by step (subtract the row maximum, divide by
-``T``, exponentiate, normalise, rank the *normalised* probabilities with a stable sort, sequential
-cumulative mass, renormalise), and in float64 it adds row sums in numpy's pairwise order
-(:func:`_row_sum`), so on CPU a row comes out bit for bit equal to the reference whenever torch's
-``exp`` rounds like numpy's (99% of the test grid's rows; the two ``exp`` differ by one ulp on
-about 5% of inputs). Where they differ, values agree to a few ulps and the kept tokens differ
-only if the reference's own choice hangs on that last bit (a tie created or broken by rounding,
-a cumulative mass within an ulp of the top-p threshold). On CUDA, ``cumsum`` is a parallel scan:
-the same caveat holds for cumulative masses hit exactly.
+How each step is computed:
 
-Dtype rule: float64 logits are processed and returned in float64; float32, float16 and bfloat16
-logits are processed and returned in **float32** (bf16/fp16 are upcast first); integer logits
-are processed in float64, as the reference does.
+* **Temperature.** Float64 mirrors the reference step by step (subtract the row maximum, divide
+  by ``T``, ``exp``, divide by the row sum added in numpy's pairwise order, :func:`_row_sum`).
+  Below float64 it is one buffer and torch's fused softmax: ``softmax(x)`` for a host-known
+  ``T = 1``, ``softmax(x / T)`` for a host-known ``T > 1`` (no overflow is possible), otherwise
+  ``(x - max x) / T`` in place and then the softmax in place (a tiny temperature cannot overflow
+  to ``inf - inf``). ``T = 0`` rows become one-hots in place.
+* **Top-k and top-p, ``validate=True``** (the default): a partial sort. ``torch.topk(m)`` gives
+  the first ``m`` *values* of the stable ranking exactly (its order among equal values does not
+  matter: equal values are interchangeable in a cumulative sum), so their sequential cumulative
+  masses, in the same dtype, are bit for bit the full sort's first ``m``. A row is decided from
+  them when its threshold ``top_p * p(K)`` is known and every rank from ``m`` on is dropped
+  (:func:`_top_p_prefix` gives the exact conditions); its kept set is then top-k with ``k`` =
+  the number of kept ranks: the tokens above the last kept value, and of the tokens equal to it
+  the lowest ids. Every row not decided (a nucleus longer than ``m``, or in float64 a rank whose
+  mass-before lies within rounding of the threshold, where the reference's pairwise row total
+  over its *sorted* row decides) is done again by the full stable sort, so the kept tokens are
+  exactly the full sort's. ``m`` is the whole vocabulary up to 4,096 tokens, else
+  ``max(4096, V // 8)``, or one more than a host-known largest ``k < V``. Which rows need the
+  full sort is learnt by one host read, on top of validation's.
+* **Top-k and top-p, ``validate=False``**: no host read at all, so no row can be sent to the
+  fallback: top-k alone with a host-known largest ``k < V`` takes ``torch.topk`` and a threshold;
+  anything with top-p takes the full stable sort of every row (the same tokens as above, bit for
+  bit, only slower).
+
+In float64 on CPU a row comes out bit for bit equal to the reference whenever torch's ``exp``
+rounds like numpy's (99% of the test grid's rows; the two ``exp`` differ by one ulp on about 5%
+of inputs). Where they differ, values agree to a few ulps and the kept tokens differ only if the
+reference's own choice hangs on that last bit (a tie created or broken by rounding, a cumulative
+mass within an ulp of the top-p threshold). On CUDA, ``cumsum`` is a parallel scan: the same
+caveat holds for cumulative masses hit exactly.
+
+Dtype rule: float64 logits are processed and returned in float64, with the reference's
+arithmetic; float32, float16 and bfloat16 logits are processed and returned in **float32**
+(bf16/fp16 are upcast first), with the fused softmax, the cumulative masses in float32, and
+``p(K)`` defined as the last cumulative mass of the ranked kept row where top-k is on
+(``k < V``), else the row's plain float32 sum in token order (the partial sort and the full sort
+use this same definition, so they agree bit for bit); integer logits are processed in float64,
+as the reference does.
 """
 
 from __future__ import annotations
@@ -70,10 +97,12 @@ def process(
         per row, ``top_k >= vocab_size`` and ``top_p = 1`` are "off" too.
     validate : bool, default True
         Check the values of tensor inputs (NaN / +inf logits, all ``-inf`` rows, per-row tensor
-        parameters), raising the reference's errors. This costs one host synchronisation; with
-        ``validate=False`` the call never synchronises (for decoding loops whose inputs are known
-        to be valid; invalid values then give NaN rows). Python scalars and sequences are always
-        checked, on the host, at no device cost.
+        parameters), raising the reference's errors. This costs one host synchronisation, and
+        with top-k or top-p on one more, which lets top-k / top-p run on a partial sort (rows it
+        cannot decide go to the full sort). With ``validate=False`` the call never synchronises
+        (for decoding loops whose inputs are known to be valid; invalid values then give NaN
+        rows) and top-p takes the full sort: the same tokens, slower. Python scalars and
+        sequences are always checked, on the host, at no device cost.
 
     Returns
     -------
@@ -113,27 +142,56 @@ def process(
     greedy = (temperature.rows == 0)[:, None]  # [R, 1]
     if temperature.host and temperature.host_max == 0:  # greedy on every row
         return _one_hot_argmax(x).reshape(logits.shape)
-    # Subtract the row maximum before dividing: a tiny temperature must not overflow to inf - inf.
-    divisor = torch.where(greedy, 1.0, temperature.rows[:, None].to(torch.float64))  # [R, 1]
-    divisor = divisor.clamp_min(_smallest_subnormal(dtype)).to(dtype)  # [R, 1]
-    probs = (x - x.amax(-1, keepdim=True)).div_(divisor).exp_()  # [R, V], a new tensor
-    probs.div_(_row_sum(probs))
-    keep = _keep(probs, top_k, top_p)  # [R, V] or None
-    if keep is not None:
-        probs.masked_fill_(~keep, 0.0)
-    if keep is not None or exact:  # float64 renormalises as the reference does, bit for bit
+    probs = _softmax(x, temperature, greedy)  # [R, V], a new tensor
+    drop = _drop(probs, top_k, top_p, validate)  # [R, V] or None
+    if drop is not None:
+        probs.masked_fill_(drop, 0.0)
+    if drop is not None or exact:  # float64 renormalises as the reference does, bit for bit
         probs.div_(_row_sum(probs))
     if not (temperature.host and temperature.host_min > 0):  # some rows may be T = 0
-        probs = torch.where(greedy, _one_hot_argmax(x), probs)  # [R, V]
+        top = x.argmax(-1, keepdim=True)  # [R, 1]
+        probs.masked_fill_(greedy, 0.0)  # [R, V], in place: a one-hot on greedy rows
+        probs.scatter_(-1, top, torch.where(greedy, 1.0, probs.gather(-1, top)))
     return probs.reshape(logits.shape)
 
 
-def _keep(probs: torch.Tensor, top_k: _Parameter, top_p: _Parameter) -> torch.Tensor | None:
-    """The tokens kept by top-k then top-p on the stable ranking (``[R, V]`` bool), or None: all.
+def _softmax(x: torch.Tensor, temperature: _Parameter, greedy: torch.Tensor) -> torch.Tensor:
+    """``softmax((x - max x) / T)`` per row of ``x [R, V]`` (T = 0 rows: divisor 1), a new tensor.
 
-    Top-k alone with a host-known largest ``k < V`` takes ``torch.topk`` and a threshold;
-    otherwise one stable sort of every row, as the reference. Parameters known on the host to be
-    off on every row cost nothing.
+    Float64 mirrors the reference step by step (subtract, divide, ``exp``, divide by the pairwise
+    row sum). Below float64 it is one buffer and a fused softmax: ``softmax(x)`` for a host
+    ``T = 1``; ``softmax(x / T)`` for a host ``T > 1`` (``|x / T| <= |x|``: no overflow, no loss
+    of precision beyond the input's own); otherwise ``(x - max x) / T`` first, in place, so that a
+    tiny temperature cannot overflow to ``inf - inf`` and the scaled differences keep their
+    precision.
+    """
+    fixed = temperature.host and temperature.host_min == temperature.host_max
+    if x.dtype != torch.float64 and fixed:
+        if temperature.host_min == 1:
+            return torch.softmax(x, -1)  # [R, V]
+        if temperature.host_min > 1:
+            scaled = x / temperature.host_min  # [R, V]
+            return torch._softmax(scaled, -1, False, out=scaled)
+    divisor = torch.where(greedy, 1.0, temperature.rows[:, None].to(torch.float64))  # [R, 1]
+    divisor = divisor.clamp_min(_smallest_subnormal(x.dtype)).to(x.dtype)  # [R, 1]
+    scaled = (x - x.amax(-1, keepdim=True)).div_(divisor)  # [R, V], a new tensor
+    if x.dtype != torch.float64:
+        return torch._softmax(scaled, -1, False, out=scaled)
+    probs = scaled.exp_()
+    return probs.div_(_row_sum(probs))
+
+
+def _drop(
+    probs: torch.Tensor, top_k: _Parameter, top_p: _Parameter, validate: bool
+) -> torch.Tensor | None:
+    """The tokens dropped by top-k then top-p on the stable ranking (``[R, V]`` bool), or None.
+
+    With ``validate=True``: :func:`_top_p_prefix`, a partial sort of ``m`` ranks
+    (:func:`_prefix_size`, or one more than a host-known largest ``k < V``), then the full
+    stable sort of :func:`_keep_sorted` on each row the prefix cannot decide exactly (one host
+    read says which). With ``validate=False`` (no host read allowed): top-k alone with a
+    host-known largest ``k < V`` by ``torch.topk`` and a threshold, anything else with top-p by
+    the full sort of every row. Parameters known on the host to be off on every row cost nothing.
     """
     vocab_size = probs.shape[-1]
     use_k = not (top_k.host and top_k.host_min >= vocab_size)
@@ -141,17 +199,141 @@ def _keep(probs: torch.Tensor, top_k: _Parameter, top_p: _Parameter) -> torch.Te
     if not (use_k or use_p):
         return None
     counts = top_k.rows.clamp(max=vocab_size).to(torch.int64)  # [R]
-    if not use_p and top_k.host:
-        if top_k.host_max < vocab_size:
-            return _top_k_by_threshold(probs, counts, int(top_k.host_max))
+    small_k = top_k.host and top_k.host_max < vocab_size
+    masses = torch.where(top_p.rows >= 1, math.inf, top_p.rows.to(probs.dtype))  # [R]
+    if validate:
+        size = _prefix_size(vocab_size)
+        if small_k:  # one more than the largest k: shows whether its ties go past it
+            size = min(size, int(top_k.host_max) + 1)
+        return _top_p_with_fallback(probs, counts, masses, size)
+    if not use_p and small_k:
+        return ~_top_k_by_threshold(probs, counts, int(top_k.host_max))
+    return ~_keep_sorted(probs, counts, masses)
+
+
+def _keep_sorted(probs: torch.Tensor, counts: torch.Tensor, masses: torch.Tensor) -> torch.Tensor:
+    """Top-k then top-p by one stable sort of every row, as the reference (``[R, V]`` bool)."""
+    vocab_size = probs.shape[-1]
     ranked, order = torch.sort(probs, dim=-1, descending=True, stable=True)  # [R, V] each
     keep = torch.arange(vocab_size, device=probs.device) < counts[:, None]  # [R, V], ranked
-    if use_p:
-        masses = torch.where(top_p.rows >= 1, math.inf, top_p.rows.to(probs.dtype))  # [R]
-        kept = torch.where(keep, ranked, torch.zeros_like(ranked))  # [R, V]
-        mass_before = kept.cumsum(-1) - kept  # [R, V]
-        keep = keep & (mass_before < masses[:, None] * _row_sum(kept))  # [R, V]
+    kept = torch.where(keep, ranked, torch.zeros_like(ranked))  # [R, V]
+    cumulative = kept.cumsum(-1)  # [R, V]
+    mass_before = cumulative - kept  # [R, V]
+    total = _kept_total(probs, kept, cumulative[:, -1:], counts)  # [R, 1]
+    keep = keep & (mass_before < masses[:, None] * total)  # [R, V]
     return torch.zeros_like(keep).scatter_(-1, order, keep)  # [R, V], back in token order
+
+
+def _kept_total(probs, kept, last, counts) -> torch.Tensor:
+    """p(K), the top-p threshold's total ``[R, 1]``, from the ranked kept row ``kept [R, V]``.
+
+    Float64: the reference's sum of its ranked kept row, in numpy's pairwise order. Below float64
+    (a definition, so that :func:`_top_p_prefix` reproduces it without the full sort): the last
+    sequential cumulative mass ``last [R, 1]`` where top-k is on (``k < V``), else the plain sum
+    of the row in token order.
+    """
+    if probs.dtype == torch.float64:
+        return _row_sum(kept)  # [R, 1]
+    return torch.where(counts[:, None] < probs.shape[-1], last, probs.sum(-1, keepdim=True))
+
+
+def _top_p_with_fallback(
+    probs: torch.Tensor, counts: torch.Tensor, masses: torch.Tensor, m: int
+) -> torch.Tensor:
+    """:func:`_top_p_prefix` on every row, then the full sort on the rows it leaves undecided
+    (``[R, V]`` bool, the dropped tokens). One host read: the rows' flags."""
+    last_value, num_kept, decided, partial = _top_p_prefix(probs, counts, masses, m)
+    flags = torch.stack([~decided, partial & decided]).tolist()  # the host read
+    if any(flags[1]):  # rare: the last kept value's tie group is cut; keep its lowest ids only
+        drop = ~_top_k_from_kth(probs, num_kept, last_value)  # [R, V]
+    else:
+        drop = probs < last_value  # [R, V]
+    rows = [row for row, flag in enumerate(flags[0]) if flag]
+    if rows:
+        index = torch.tensor(rows, device=probs.device)  # [U]
+        drop[index] = ~_keep_sorted(probs[index], counts[index], masses[index])
+    return drop
+
+
+def _prefix_size(vocab_size: int) -> int:
+    """The partial sort's length m: all of a small vocabulary, else an eighth of it (at least
+    4096): enough for the nucleus of ``top_p = 0.9`` of 3 x N(0, 1) logits at V = 32,000."""
+    return min(vocab_size, max(4096, vocab_size // 8))
+
+
+def _top_p_prefix(
+    probs: torch.Tensor, counts: torch.Tensor, masses: torch.Tensor, m: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    r"""Top-k then top-p from the first ``m`` ranks of every row of ``probs [R, V]``.
+
+    Returns ``(last_value [R, 1], num_kept [R], decided [R], partial [R])``.
+
+    ``torch.topk(m)`` gives the first ``m`` *values* of the stable ranking exactly (its order
+    among equal values is unspecified, but equal values are interchangeable in a cumulative sum),
+    so the sequential cumulative masses of those ranks, in the same dtype, are bit for bit the
+    first ``m`` of :func:`_keep_sorted`'s. A row is **decided** when its kept ranks are settled
+    by them alone:
+
+    * the threshold ``top_p * p(K)`` is known: exactly where :func:`_kept_total` can be formed
+      from the prefix (below float64 whenever ``k <= m`` or ``k >= V``; in float64 when
+      ``k <= m``, from the kept prefix padded with zeros, which is the reference's own ranked
+      kept row), otherwise (float64, ``k >= V``) within a rigorous band around ``top_p`` times
+      the token-order pairwise sum: both sums err by at most ``h u`` relative, ``h <= 25 +
+      log2 V`` the height of numpy's summation tree, and a rank whose mass-before falls inside
+      the band leaves the row undecided;
+    * every rank at or past ``m`` is dropped: ``k <= m``, or the prefix's last cumulative mass
+      clears the threshold by a few ulps (sequential sums of non-negative numbers never
+      decrease, so every later mass-before is at least that, less one rounding);
+    * the kept ranks form a prefix ``0 .. r - 1`` (checked, not assumed).
+
+    Then top-p is top-k with ``k = r``: every token above the ``r``-th value ``v`` and, of those
+    equal to ``v``, the lowest ids. Where the ranking keeps every token equal to ``v`` that is
+    ``probs >= v``; a row where it may not is flagged **partial** (conservatively: also when the
+    tie group reaches rank ``m - 1``), for :func:`_top_k_from_kth`. A row with top-p off and
+    ``k >= V`` keeps everything (``v = -1``).
+    """
+    vocab_size = probs.shape[-1]
+    values = torch.topk(probs, m, dim=-1).values  # [R, m], decreasing
+    ranks = torch.arange(m, device=probs.device)  # [m]
+    in_k = ranks < counts[:, None]  # [R, m]
+    kept = torch.where(in_k, values, torch.zeros_like(values))  # [R, m]
+    cumulative = kept.cumsum(-1)  # [R, m]: the full sort's first m cumulative masses
+    mass_before = (cumulative - kept).double()  # [R, m]
+    k_inside = counts <= m  # [R]
+    off = masses == math.inf  # [R]: top-k only
+    if probs.dtype == torch.float64:
+        unit = 2.0**-53
+        padded = torch.zeros_like(probs)  # [R, V]: the reference's ranked kept row if k <= m
+        padded[:, :m] = kept
+        total = torch.where(k_inside, _row_sum(padded)[:, 0], _row_sum(probs)[:, 0])  # [R]
+        centre = masses * total  # [R]
+        width = 4 * (32 + math.log2(vocab_size)) * unit  # relative half-width of the band
+        band = torch.where(k_inside | off, 0.0, width * centre)  # [R]
+        low, high = centre - band, centre + band  # [R] each
+    else:
+        unit = float(torch.finfo(probs.dtype).eps)
+        last = cumulative[:, -1:]  # [R, 1]: p(K) where top-k is on and k <= m
+        total = torch.where(counts[:, None] < vocab_size, last, probs.sum(-1, keepdim=True))
+        low = high = (masses[:, None] * total)[:, 0].double()  # [R]
+    sure_in = mass_before < low[:, None]  # [R, m]
+    sure_out = mass_before >= high[:, None]  # [R, m]
+    keep_rank = in_k & sure_in  # [R, m]
+    settled = ~(in_k & ~sure_in & ~sure_out).any(-1)  # [R]
+    is_prefix = (keep_rank[:, 1:] <= keep_rank[:, :-1]).all(-1)  # [R]
+    reached = cumulative[:, -1].double()  # [R]
+    beyond = k_inside | (reached - 8 * unit * reached.clamp_min(1.0) >= high)  # [R]
+    known = k_inside | (counts >= vocab_size)  # [R]: p(K) formed from the prefix
+    keep_all = off & (counts >= vocab_size)  # [R]
+    decided = keep_all | (settled & is_prefix & beyond & known)  # [R]
+    num_kept = keep_rank.sum(-1).clamp(1, m)  # [R]
+    last_value = values.gather(-1, (num_kept - 1)[:, None])  # [R, 1]
+    last_value = torch.where(keep_all[:, None], -1.0, last_value)  # [R, 1]
+    num_kept = torch.where(keep_all, vocab_size, num_kept)  # [R]
+    above = (values > last_value).sum(-1)  # [R]: every token above v is ranked in the prefix
+    tied = (values == last_value).sum(-1)  # [R]: those equal to v in the prefix
+    reaches_end = (values[:, -1:] == last_value)[:, 0] & (m < vocab_size)  # [R]
+    partial = ~keep_all & ((num_kept - above < tied) | reaches_end)  # [R]
+    return last_value, num_kept, decided, partial
 
 
 def _row_sum(values: torch.Tensor) -> torch.Tensor:
@@ -164,9 +346,15 @@ def _row_sum(values: torch.Tensor) -> torch.Tensor:
 
 
 def _top_k_by_threshold(probs: torch.Tensor, counts: torch.Tensor, k_max: int) -> torch.Tensor:
-    """Top-k with ties to the lower ids: every token above the k-th value, then tied ones by id."""
+    """Top-k with ties to the lower ids (``[R, V]`` bool), by ``torch.topk`` and a threshold."""
     top_values = torch.topk(probs, k_max, dim=-1).values  # [R, k_max], decreasing
     kth = top_values.gather(-1, (counts.clamp(max=k_max) - 1)[:, None])  # [R, 1]
+    return _top_k_from_kth(probs, counts, kth)
+
+
+def _top_k_from_kth(probs: torch.Tensor, counts: torch.Tensor, kth: torch.Tensor) -> torch.Tensor:
+    """The ``counts [R]`` first tokens of the stable ranking (``[R, V]`` bool), given the value
+    ``kth [R, 1]`` of the last of them: every token above it, then tied ones by id."""
     above = probs > kth  # [R, V]
     tied = probs == kth  # [R, V]
     room = counts[:, None] - above.sum(-1, keepdim=True)  # [R, 1], >= 1

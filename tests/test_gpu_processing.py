@@ -21,6 +21,8 @@ import torch
 import specsampling as ss
 from specsampling.gpu.processing import process
 
+_TOLIST = torch.Tensor.tolist
+
 # The cuda copies run only where a GPU is present (on CPU they would repeat the cpu runs).
 DEVICES = ["cpu"] + [pytest.param("cuda", marks=pytest.mark.cuda, id="cuda")] * bool(
     torch.cuda.is_available()
@@ -355,11 +357,11 @@ def test_per_row_values_of_the_wrong_shape_or_kind(shape, kwargs, name):
 
 
 # ----------------------------------------------------------------------------------------------
-# No host synchronisation with validate=False; exactly one read with validate=True
+# No host synchronisation with validate=False; one read with validate=True (two with top-p)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_no_host_sync_without_validation_and_one_read_with_it(device, monkeypatch):
+def test_no_host_sync_without_validation_and_few_reads_with_it(device, monkeypatch):
     x = torch.randn(4, 50, dtype=torch.float64, device=device)
     params = {
         "temperature": torch.tensor([0.0, 0.5, 1.0, 2.0], device=device),
@@ -389,8 +391,17 @@ def test_no_host_sync_without_validation_and_one_read_with_it(device, monkeypatc
             torch.cuda.set_sync_debug_mode("default")
     assert reads == []
     assert torch.equal(got, expected)
-    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: reads.append("tolist") or [False] * 5)
-    process(x, **params)
+
+    def counted(self):
+        reads.append("tolist")
+        return _TOLIST(self)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", counted)
+    assert torch.equal(process(x, **params), expected)
+    # Validation, then which rows the partial sort of top-k / top-p leaves to the full sort.
+    assert reads == ["tolist", "tolist"]
+    reads.clear()
+    process(x, params["temperature"])
     assert reads == ["tolist"]
 
 

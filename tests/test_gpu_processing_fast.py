@@ -1,0 +1,242 @@
+"""The fast paths of ``specsampling.gpu.processing.process``: the fused softmax, and top-k / top-p
+from a partial sort (``torch.topk`` of ``m`` ranks) with an exact fallback to the full sort.
+
+Checked here, with ``m`` patched small so that every branch runs at small vocabularies too:
+
+* float64 keeps exactly the reference's tokens (``ss.process``) and its values to ``rtol = 1e-13``
+  on a fuzzed grid (ties, equal probabilities, thresholds hit exactly by dyadic masses, tiny and
+  huge temperatures, ``top_p`` near 0 and 1, top-k with top-p, per-row parameters, flat rows
+  whose nucleus is most of the vocabulary, so that the fallback runs);
+* the fast path (``validate=True``) equals the full sort (``validate=False``) bit for bit, in
+  float64 and in float32, and both the prefix and the fallback actually decide rows;
+* mutants of the threshold that keep one token too many are caught by these checks;
+* float32 agrees with float64 within the documented bound, and the fused softmax neither
+  overflows nor loses the greedy rows.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+import specsampling as ss
+from specsampling.gpu import processing
+from specsampling.gpu.processing import process
+
+TEMPERATURES = [0.0, 1e-300, 1e-3, 0.5, 1.0, 2.0, 1e6]
+TOP_KS = [None, 1, 2, 3, 5, 17, 10**9]
+TOP_PS = [None, 1e-12, 0.05, 0.25, 0.5, 0.75, 0.9, 0.999999, 1.0 - 2.0**-40, 1.0]
+PREFIX_SIZES = [1, 2, 5, 16, None]  # None: the library's own choice
+
+
+def fuzzed_rows(vocab_size: int, seed: int) -> np.ndarray:
+    """Logit rows with ties, equal probabilities, dyadic masses, banned tokens and flat rows."""
+    rng = np.random.default_rng([vocab_size, seed])
+    ids = np.arange(vocab_size, dtype=np.float64)
+    rows = [
+        np.zeros(vocab_size),  # flat: the nucleus is most of the vocabulary
+        rng.integers(0, 3, vocab_size).astype(np.float64),  # many ties at every boundary
+        np.minimum(3.0, np.floor(ids / 2)),
+        ids * 1e-30,  # distinct logits, equal probabilities
+        np.log(np.maximum(0.5 ** (ids + 1), 1e-300)),  # dyadic: top_p = 0.5 hits a mass exactly
+        np.log(np.where(ids < 4, 0.25, 1e-300)),  # four tokens of 1/4 each, then nothing
+        np.where(ids % 3 == 1, -math.inf, rng.normal(size=vocab_size)),
+        rng.normal(size=vocab_size) * 0.01,  # nearly flat
+        rng.normal(size=vocab_size) * 3,
+        -40.0 * ids,
+    ]
+    return np.stack(rows)
+
+
+def grid(vocab_size: int, seed: int):
+    """Every fuzzed row under random per-row parameters (each row with its own values)."""
+    rows = fuzzed_rows(vocab_size, seed)
+    rng = np.random.default_rng([seed, vocab_size, 1])
+    repeats = 24
+    logits = np.repeat(rows, repeats, axis=0)  # [n, V]
+    n = len(logits)
+    temperature = [TEMPERATURES[i] for i in rng.integers(0, len(TEMPERATURES), n)]
+    top_k = [TOP_KS[i] for i in rng.integers(0, len(TOP_KS), n)]
+    top_p = [TOP_PS[i] for i in rng.integers(0, len(TOP_PS), n)]
+    top_p[::3] = [0.5] * len(top_p[::3])  # exact dyadic thresholds, often
+    expected = np.stack(
+        [ss.process(*row) for row in zip(logits, temperature, top_k, top_p, strict=True)]
+    )
+    return logits, temperature, top_k, top_p, expected
+
+
+def mismatches(got: torch.Tensor, expected: np.ndarray) -> tuple[int, int]:
+    """(rows keeping other tokens than the reference, rows whose values differ beyond rtol)."""
+    got = got.detach().cpu().double().numpy()
+    support = ((got > 0) != (expected > 0)).any(axis=-1)
+    close = np.isclose(got, expected, rtol=1e-13, atol=1e-300).all(axis=-1)
+    return int(support.sum()), int((~support & ~close).sum())
+
+
+@pytest.fixture
+def prefix_size(request, monkeypatch):
+    """Patch the partial sort's length to ``request.param`` (None: leave it)."""
+    size = request.param
+    if size is not None:
+        monkeypatch.setattr(processing, "_prefix_size", lambda vocab_size: min(size, vocab_size))
+    return size
+
+
+class RowCounter:
+    """Counts the rows that reach the full sort from the fast path."""
+
+    def __init__(self, monkeypatch):
+        self.rows = 0
+        original = processing._keep_sorted
+
+        def counted(probs, counts, masses):
+            self.rows += probs.shape[0]
+            return original(probs, counts, masses)
+
+        monkeypatch.setattr(processing, "_keep_sorted", counted)
+
+
+def check_float64_against_reference(vocab_size: int, seed: int) -> int:
+    """Assert the fast path keeps the reference's tokens on the fuzzed grid; rows in the grid."""
+    logits, temperature, top_k, top_p, expected = grid(vocab_size, seed)
+    got = process(torch.tensor(logits), temperature, top_k, top_p)
+    assert mismatches(got, expected) == (0, 0)
+    return len(logits)
+
+
+@pytest.mark.parametrize("prefix_size", PREFIX_SIZES, indirect=True)
+@pytest.mark.parametrize("vocab_size", [1, 2, 7, 40, 300])
+def test_float64_fast_path_keeps_the_reference_tokens(prefix_size, vocab_size, monkeypatch):
+    counter = RowCounter(monkeypatch)
+    num_rows = check_float64_against_reference(vocab_size, seed=0)
+    if prefix_size is not None and prefix_size < vocab_size:
+        # Both routes decide rows: the prefix alone, and the full sort behind it.
+        assert 0 < counter.rows < num_rows
+
+
+@pytest.mark.parametrize("prefix_size", PREFIX_SIZES, indirect=True)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("vocab_size", [3, 40, 300])
+def test_fast_path_equals_the_full_sort_bit_for_bit(prefix_size, dtype, vocab_size):
+    """validate=True (partial sort + fallback) against validate=False (one full stable sort)."""
+    logits, temperature, top_k, top_p, _ = grid(vocab_size, seed=1)
+    x = torch.tensor(logits).to(dtype)
+    fast = process(x, temperature, top_k, top_p)
+    full = process(x, temperature, top_k, top_p, validate=False)
+    assert torch.equal(fast, full)
+    for k, p in [(None, 0.5), (3, 0.9), (5, None), (None, 1e-12)]:  # host scalars: other routes
+        fast = process(x, 0.7, k, p)
+        assert torch.equal(fast, process(x, 0.7, k, p, validate=False)), (k, p)
+
+
+def test_large_vocabulary_with_flat_rows_and_exact_thresholds(monkeypatch):
+    """V = 50,000 at the library's own m (6,250): nuclei far beyond m go to the fallback."""
+    counter = RowCounter(monkeypatch)
+    vocab_size = 50_000
+    rng = np.random.default_rng(5)
+    ids = np.arange(vocab_size)
+    logits = np.stack(
+        [
+            np.zeros(vocab_size),  # flat: the nucleus of 0.9 is 45,000 tokens
+            rng.normal(size=vocab_size) * 0.1,
+            rng.normal(size=vocab_size) * 3,
+            np.log(np.maximum(0.5 ** (ids + 1.0), 1e-300)),  # dyadic
+            rng.integers(0, 4, vocab_size).astype(np.float64),
+            np.where(ids < 8000, 0.0, -math.inf),  # 8,000 equal masses: 1/8000 each
+        ]
+    )
+    top_p = [0.9, 0.9, 0.9, 0.5, 0.3, 0.5]
+    top_k = [None, 40_000, None, None, 5_000, 50]
+    expected = np.stack(
+        [ss.process(row, 1.0, k, p) for row, k, p in zip(logits, top_k, top_p, strict=True)]
+    )
+    got = process(torch.tensor(logits), 1.0, top_k, top_p)
+    assert mismatches(got, expected) == (0, 0)
+    assert 0 < counter.rows < len(logits)
+    x32 = torch.tensor(logits, dtype=torch.float32)
+    fast = process(x32, 1.0, top_k, top_p)
+    assert torch.equal(fast, process(x32, 1.0, top_k, top_p, validate=False))
+
+
+# ----------------------------------------------------------------------------------------------
+# Mutants of the threshold: one token too many must be caught
+
+
+def less_or_equal_mutant():
+    """``_top_p_prefix`` with ``mass_before <= threshold`` as "kept" (a tie on it kept)."""
+    source = textwrap.dedent(inspect.getsource(processing._top_p_prefix))
+    mutated = source.replace("sure_in = mass_before < low", "sure_in = mass_before <= low")
+    assert mutated != source
+    namespace = dict(vars(processing))
+    exec(compile(mutated, "<mutant>", "exec"), namespace)
+    return namespace["_top_p_prefix"]
+
+
+def one_more_mutant():
+    """``_top_p_prefix`` keeping the first dropped rank too (``r + 1`` tokens)."""
+    original = processing._top_p_prefix
+
+    def mutant(probs, counts, masses, m):
+        last_value, num_kept, decided, partial = original(probs, counts, masses, m)
+        values = torch.topk(probs, m, dim=-1).values
+        more = (num_kept + 1).clamp(max=m)
+        last_value = torch.where(last_value < 0, last_value, values.gather(-1, more[:, None] - 1))
+        return last_value, more, decided, torch.ones_like(partial)
+
+    return mutant
+
+
+@pytest.mark.parametrize("make_mutant", [less_or_equal_mutant, one_more_mutant])
+def test_threshold_mutants_are_caught(make_mutant, monkeypatch):
+    monkeypatch.setattr(processing, "_top_p_prefix", make_mutant())
+    monkeypatch.setattr(processing, "_prefix_size", lambda vocab_size: min(16, vocab_size))
+    with pytest.raises(AssertionError):
+        check_float64_against_reference(40, seed=0)
+    with pytest.raises(AssertionError):
+        test_fast_path_equals_the_full_sort_bit_for_bit(16, torch.float32, 40)
+
+
+# ----------------------------------------------------------------------------------------------
+# Float32 against float64; the fused softmax
+
+
+def test_float32_agrees_with_float64():
+    """Same (float32-representable) logits: at most 1% of rows keep other tokens (a boundary
+    within float32 rounding), and the rest agree to ``atol = 1e-6`` (plus ``rtol = 1e-4``)."""
+    rng = np.random.default_rng(9)
+    num_rows, vocab_size = 400, 2000
+    logits = torch.tensor(rng.normal(size=(num_rows, vocab_size)) * 3, dtype=torch.float32)
+    temperature = rng.choice([0.0, 0.5, 1.0, 1.5], num_rows)
+    top_k = rng.choice([1, 20, 300, vocab_size], num_rows)
+    top_p = rng.choice([0.3, 0.8, 0.95, 1.0], num_rows)
+    low = process(logits, temperature, top_k, top_p).double().numpy()
+    high = process(logits.double(), temperature, top_k, top_p).numpy()
+    support = ((low > 0) != (high > 0)).any(axis=-1)
+    assert support.sum() <= 0.01 * num_rows
+    np.testing.assert_allclose(low[~support], high[~support], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_fused_softmax_temperatures(dtype):
+    rng = np.random.default_rng(2)
+    logits = torch.tensor(rng.normal(size=(6, 50)) * 4).to(dtype)
+    rounded = logits.double().numpy()
+    for temperature in [1.0, 2.5, 0.3, [0.0, 1.0, 2.5, 0.3, 1e-30, 7.0]]:
+        got = process(logits, temperature).double().numpy()
+        rows = temperature if isinstance(temperature, list) else [temperature] * 6
+        want = np.stack([ss.process(r, t) for r, t in zip(rounded, rows, strict=True)])
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+
+
+def test_fused_softmax_does_not_overflow():
+    """Logits near the float32 maximum: dividing first would give inf - inf (NaN)."""
+    logits = torch.tensor([[3e38, -3e38, 1e38], [0.0, 1.0, 3.3e38]])
+    for temperature in [0.5, 1.0, 2.0, 1e-30, [0.5, 2.0]]:
+        got = process(logits, temperature)
+        assert torch.isfinite(got).all() and torch.allclose(got.sum(-1), torch.ones(2))
+        assert got.argmax(-1).tolist() == [0, 2]
