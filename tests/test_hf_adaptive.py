@@ -51,6 +51,7 @@ from specsampling.gpu.hf import (  # noqa: E402
     NGramDraft,
     SpeculativeDecoder,
 )
+from specsampling.gpu.hf import generate as hf_generate  # noqa: E402
 from specsampling.schemes.base import tables  # noqa: E402
 from specsampling.simulators import CostModel  # noqa: E402
 from specsampling.tree import DraftTree  # noqa: E402
@@ -385,3 +386,20 @@ def test_refusals(pair):
         CostModelLength(costs=1.0)
     with pytest.raises(ValueError, match="prior_alpha"):
         CostModelLength(prior_alpha=1.0)
+
+
+def test_custom_generate_takes_the_new_options(pair):
+    target, _ = pair
+    ids = torch.tensor([PROMPTS[0]])
+    expected = target.generate(ids, do_sample=False, max_new_tokens=9, pad_token_id=0)
+    out = target.generate(
+        input_ids=ids,
+        custom_generate=hf_generate,
+        draft_model=MixedDraft(ModelDraft(target, confidence=0.5)),
+        draft_length=HeuristicLength(),
+        shape=Shape.chain(2),
+        do_sample=False,
+        max_new_tokens=9,
+        pad_token_id=0,
+    )
+    assert torch.equal(out, expected)

@@ -216,6 +216,50 @@ def test_decode_ngram_needs_a_chain_before_loading(
     assert code == 2 and "--shape: --draft ngram proposes chains" in err
 
 
+@pytest.mark.parametrize(
+    "options",
+    [
+        ["--draft-length", "heuristic"],
+        ["--draft-length", "cost", "--max-draft-length", "5"],
+        ["--confidence", "0.5"],
+        ["--mixed", "--draft-length", "heuristic", "--confidence", "0.9"],
+    ],
+    ids=" ".join,
+)
+def test_decode_adaptive_options_print_the_greedy_text(
+    tiny_dir: Path, options: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    expected = greedy_text(tiny_dir, PROMPT, 6)
+    argv = ["decode", "--target", str(tiny_dir), "--draft", str(tiny_dir), "--prompt", PROMPT]
+    argv += ["--shape", "chain(2)", "--max-new-tokens", "6", "--temperature", "0"]
+    code, out, err = run([*argv, "--dtype", "float32", *options], capsys)
+    assert code == 0, err
+    assert out.startswith(PROMPT + expected + "\n")
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        (["--draft", "ngram", "--confidence", "0.5"], "--confidence: needs a draft model"),
+        (["--mixed"], "--mixed: needs a draft model"),
+        (
+            ["--draft", "smollm2-135m", "--draft-length", "cost", "--shape", "paths(2, 2)"],
+            "--shape: --draft-length, --confidence and --mixed draft chains",
+        ),
+        (["--confidence", "0"], "argument --confidence: expected a number in (0, 1]"),
+        (["--confidence", "1.5"], "argument --confidence: expected a number in (0, 1]"),
+        (["--draft-length", "long"], "argument --draft-length: invalid choice"),
+        (["--max-draft-length", "0"], "argument --max-draft-length: expected an integer >= 1"),
+    ],
+)
+def test_decode_adaptive_options_refused_before_loading(
+    options: list[str], says: str, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    monkeypatch.setattr(hf_cli, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    code, _, err = run(["decode", "--target", "smollm2-135m", "--prompt", "x", *options], capsys)
+    assert code == 2 and says in err, err
+
+
 # ---------------------------------------------------------------------------------------------
 # Help
 

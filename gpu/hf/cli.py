@@ -26,7 +26,18 @@ from typing import Any
 from specsampling.compare import parse_shape
 from specsampling.errors import InvalidDistribution, UnsupportedShape
 from specsampling.gpu import SCHEMES
-from specsampling.gpu.hf import MODELS, NGramDraft, SpeculativeDecoder, cache_dir, fetch, load_model
+from specsampling.gpu.hf import (
+    MODELS,
+    CostModelLength,
+    HeuristicLength,
+    MixedDraft,
+    ModelDraft,
+    NGramDraft,
+    SpeculativeDecoder,
+    cache_dir,
+    fetch,
+    load_model,
+)
 from specsampling.gpu.hf import models as _models
 
 #: The dtypes ``decode`` loads the models in.
@@ -238,6 +249,37 @@ def decode_parser() -> argparse.ArgumentParser:
         "refused by the other schemes) (default: none)",
     )
     made.add_argument(
+        "--draft-length",
+        default="fixed",
+        choices=("fixed", "heuristic", "cost"),
+        help="each round's chain length: the shape's ('fixed'), transformers' heuristic schedule "
+        "(+2 after a fully accepted round, -1 otherwise), or the cost model's fastest length "
+        "fitted online ('cost'); the last two need a chain shape (default: %(default)s)",
+    )
+    made.add_argument(
+        "--max-draft-length",
+        metavar="N",
+        type=_positive_int,
+        default=16,
+        help="the longest chain --draft-length heuristic or cost may pick, >= 1 (default: "
+        "%(default)s)",
+    )
+    made.add_argument(
+        "--confidence",
+        metavar="P",
+        type=_top_p,
+        default=None,
+        help="early stopping: end a round's chain after a drafted token of draft probability "
+        "under P, in (0, 1] (transformers' assistant_confidence_threshold; a draft model and a "
+        "chain shape) (default: off)",
+    )
+    made.add_argument(
+        "--mixed",
+        action="store_true",
+        help="with a draft model: a round drafts by prompt lookup when it finds a continuation, "
+        "by the model otherwise (a chain shape) (default: off)",
+    )
+    made.add_argument(
         "--dtype",
         default="bfloat16",
         choices=DTYPES,
@@ -267,6 +309,21 @@ def _decode(args: argparse.Namespace) -> int:
         raise UnsupportedShape(
             f"--shape: --draft ngram proposes chains; got {args.shape!r} (use 'chain(k)')"
         )
+    model_draft = args.draft not in (None, "ngram")
+    for option, used in (("--confidence", args.confidence is not None), ("--mixed", args.mixed)):
+        if used and not model_draft:
+            raise ValueError(f"{option}: needs a draft model (--draft MODEL), got {args.draft!r}")
+    adaptive = args.draft_length != "fixed" or args.confidence is not None or args.mixed
+    if adaptive and not args.shape.is_chain:
+        raise UnsupportedShape(
+            f"--shape: --draft-length, --confidence and --mixed draft chains; got {args.shape!r} "
+            "(use 'chain(k)')"
+        )
+    length: Any = None
+    if args.draft_length == "heuristic":
+        length = HeuristicLength(max_length=max(args.max_draft_length, args.shape.depth))
+    elif args.draft_length == "cost":
+        length = CostModelLength(max_length=args.max_draft_length)
     # Resolve both models before loading either: a typo in --draft costs no target load.
     _models.resolve_model(args.target, "--target")
     if args.draft not in (None, "ngram"):
@@ -277,8 +334,10 @@ def _decode(args: argparse.Namespace) -> int:
     if args.draft == "ngram":
         draft = NGramDraft(n=3)
     elif args.draft is not None:
-        draft = load_model(args.draft, dtype=dtype)[0]
-    decoder = SpeculativeDecoder(target, draft, args.scheme, args.shape)
+        draft = ModelDraft(load_model(args.draft, dtype=dtype)[0], confidence=args.confidence)
+        if args.mixed:
+            draft = MixedDraft(draft)
+    decoder = SpeculativeDecoder(target, draft, args.scheme, args.shape, length=length)
     ids = prompt_ids(tokenizer, args.prompt, args.chat_template)
     templated = args.chat_template and bool(getattr(tokenizer, "chat_template", None))
     streamer = Streamer(tokenizer, args.prompt + ("\n" if templated else ""))  # a reply: own line

@@ -31,6 +31,7 @@ def generate(
     seed: int | None = None,
     key: Any = None,
     window: int | None = None,
+    draft_length: Any = None,
     **model_kwargs: Any,
 ) -> torch.Tensor:
     """Speculative decoding inside ``model.generate(custom_generate=generate, ...)``.
@@ -39,7 +40,10 @@ def generate(
     stopping criteria and generation config, plus our own keywords: ``draft_model`` (the draft:
     a model, :class:`LayerSkipDraft`, :class:`NGramDraft` or ``None``; ``assistant_model`` is not
     passed to a callable), ``scheme``, ``shape``, ``seed``, and ``key`` / ``window`` for the
-    keyed couplings (:meth:`SpeculativeDecoder.generate`). ``do_sample=False`` is greedy
+    keyed couplings (:meth:`SpeculativeDecoder.generate`), and ``draft_length`` (an adaptive
+    draft length, :mod:`specsampling.gpu.hf.lengths`; not ``length``, a name transformers
+    uses itself); ``draft_model`` may be a :class:`ModelDraft` with ``confidence`` or a
+    :class:`MixedDraft`. ``do_sample=False`` is greedy
     (``temperature = 0``); ``temperature`` / ``top_k`` / ``top_p`` go through
     :func:`specsampling.gpu.process`. Any other logits processor or stopping criterion is refused
     (it cannot be applied exactly to tree rows here) rather than silently dropped. Returns the
@@ -65,7 +69,7 @@ def generate(
     temperature = float(config.temperature if config.temperature is not None else 1.0)
     top_k = config.top_k if sample and config.top_k else None
     top_p = config.top_p if sample and config.top_p is not None and config.top_p < 1 else None
-    decoder = SpeculativeDecoder(model, draft_model, scheme, shape)
+    decoder = SpeculativeDecoder(model, draft_model, scheme, shape, length=draft_length)
     out = decoder.generate(
         input_ids,
         max_new_tokens=max_new,
