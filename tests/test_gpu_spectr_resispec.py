@@ -310,3 +310,127 @@ def test_mutants_are_caught(mutant: Any) -> None:
             pair = ss.pairs.Random(vocab, seed=pair_seed)
             found += len(mismatches(mutant, mixed_rounds(mutant, pair, pair_seed)))
     assert found > 0, f"the path-wise test passes the mutant {type(mutant).__name__}"
+
+
+# --------------------------------------------------------------------------- fast paths
+def full_bisection(target: torch.Tensor, draft: torch.Tensor, counts: torch.Tensor, k: int):
+    """The reference's bisection run for its full static length (no dtype cap), in torch."""
+    counts = counts.clamp_min(1)
+
+    def feasible(rho: torch.Tensor) -> torch.Tensor:
+        rejected = (draft - target / rho[:, None]).clamp_min(0).sum(-1)
+        return lowered_spectr.gamma(rejected, counts, k) <= rho
+
+    low = torch.ones(target.shape[0], dtype=target.dtype)
+    high = counts.to(target.dtype)
+    settled = ~(torch.minimum(target, draft).sum(-1) > 0) | feasible(low)
+    for _ in range(41 + max(k - 1, 1).bit_length()):
+        active = ~settled & (high - low > lowered_spectr.TOLERANCE)
+        middle = (low + high) / 2
+        ok = feasible(middle)
+        high = torch.where(active & ok, middle, high)
+        low = torch.where(active & ~ok, middle, low)
+    return torch.where(settled, torch.ones_like(high), high)
+
+
+def random_rows(generator: torch.Generator, dtype: torch.dtype, vocab_size: int):
+    target = torch.rand(128, vocab_size, generator=generator, dtype=dtype) ** 4
+    draft = torch.rand(128, vocab_size, generator=generator, dtype=dtype) ** 4
+    draft[:8] = target[:8]  # p == q: rho* = 1
+    target[8:12, : vocab_size // 2] = 0  # partly disjoint supports
+    draft[8:12, vocab_size // 2 :] = 0
+    return target / target.sum(-1, keepdim=True), draft / draft.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_capped_bisection_is_the_full_bisection_bit_for_bit(dtype: torch.dtype) -> None:
+    """``bisection_steps`` stops float32 once the bracket is two adjacent floats: the same rho*
+    as running the reference's full step count, for every k (and 1 without any pass)."""
+    generator = torch.Generator().manual_seed(3)
+    for vocab_size in (3, 40, 700):
+        target, draft = random_rows(generator, dtype, vocab_size)
+        for k in (1, 2, 3, 4, 6, 9):
+            counts = torch.randint(0, k + 1, (128,), generator=generator)
+            got = lowered_spectr.optimal_rho(target, draft, counts, k)
+            assert torch.equal(got, full_bisection(target, draft, counts, k)), (vocab_size, k)
+
+
+def test_a_bisection_cut_too_short_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mutant: eleven bits fewer than float32 holds; the comparison above must see it."""
+    monkeypatch.setattr(lowered_spectr, "mantissa_bits", lambda dtype: 12)
+    generator = torch.Generator().manual_seed(3)
+    target, draft = random_rows(generator, torch.float32, 40)
+    counts = torch.full((128,), 3)
+    got = lowered_spectr.optimal_rho(target, draft, counts, 3)
+    assert not torch.equal(got, full_bisection(target, draft, counts, 3))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_fused_rejection_rounds_as_the_reference_formula(dtype: torch.dtype) -> None:
+    generator = torch.Generator().manual_seed(4)
+    target, draft = random_rows(generator, dtype, 500)
+    rho = 1 + 3 * torch.rand(128, generator=generator, dtype=dtype)
+    terms = (draft - target / rho[:, None]).clamp_min(0)
+    fused = torch.addcdiv(draft, target, rho[:, None], value=-1).clamp_min_(0)
+    assert torch.equal(fused, terms)
+    assert torch.equal(lowered_spectr.rejection(target, draft, rho), terms.sum(-1))
+
+
+def test_optimised_plans_only_nodes_with_two_candidates(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One candidate slot: no reference call (no host step); otherwise one call per node with
+    two or more candidates, with that node's rows, and greedy elsewhere."""
+    policy = lowered.ResiSpec().policy
+    calls: list[int] = []
+    original = policy.reference.at_node
+
+    def spy(target: Any, draft: Any, count: int) -> Any:
+        calls.append(count)
+        return original(target, draft, count)
+
+    monkeypatch.setattr(type(policy.reference), "at_node", lambda self, t, d, k: spy(t, d, k))
+    pair = ss.pairs.Random(5, seed=2)
+    rng = np.random.default_rng(2)
+    chains = [ss.Shape.chain(3).draft(pair, rng) for _ in range(3)]
+    batch = ssg.TreeBatch.from_trees(chains)
+    tabs = ssg.tables_batch(*zip(*(tables(pair, tree) for tree in chains), strict=True))
+    params = policy.node_parameters(batch, *tabs)
+    assert calls == [] and (params == torch.tensor(lowered.UNPLANNED, dtype=params.dtype)).all()
+    trees = [ss.Shape.branching((3, 2), replacement=True).draft(pair, rng) for _ in range(3)]
+    trees += chains
+    batch = ssg.TreeBatch.from_trees(trees)
+    target, draft = ssg.tables_batch(*zip(*(tables(pair, tree) for tree in trees), strict=True))
+    params = policy.node_parameters(batch, target, draft)
+    expected = [
+        (row, node, len(tree.candidates[node]))
+        for row, tree in enumerate(trees)
+        for node in range(tree.num_nodes)
+        if len(tree.candidates[node]) >= 2
+    ]
+    assert sorted(calls) == sorted(count for _, _, count in expected) and expected
+    for row, tree in enumerate(trees):
+        for node in range(tree.num_nodes):
+            count = len(tree.candidates[node])
+            if count >= 2:
+                rule = original(target[row, node].numpy(), draft[row, node].numpy(), count)
+                want = lowered.encode(rule)
+            else:
+                want = lowered.UNPLANNED
+            assert params[row, node].tolist() == list(want), (row, node)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_one_candidate_chains_verify_as_standard(dtype: torch.dtype) -> None:
+    """On chains SpecTr (rho* = 1) and ResiSpec under its default policy reduce to the standard
+    rule bit for bit: the ground for running them on the standard chain engine."""
+    pair = ss.pairs.Random(6, seed=5)
+    rng = np.random.default_rng(5)
+    trees = [ss.Shape.chain(4).draft(pair, rng) for _ in range(64)]
+    batch = ssg.TreeBatch.from_trees(trees)
+    target, draft = ssg.tables_batch(
+        *zip(*(tables(pair, tree) for tree in trees), strict=True), dtype=dtype
+    )
+    noise = ssg.Noise.from_reference([ss.Noise.draw(rng, tree.num_nodes) for tree in trees])
+    standard = ssg.verify("standard", batch, target, draft, noise)
+    for name in ("spectr", "resispec"):
+        out = ssg.verify(name, batch, target, draft, noise)
+        assert torch.equal(out.node, standard.node) and torch.equal(out.token, standard.token)

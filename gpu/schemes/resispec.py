@@ -58,6 +58,8 @@ from .spectr import accept_probability, later_copies, optimal_rho, reuse_uniform
 
 #: Resolved-rule kinds of :class:`Optimised` (column 1 of its node parameters).
 GREEDY, RATIO, DAMPING = 0, 1, 2
+#: The parameters of a node :class:`Optimised` does not plan (fewer than two candidates): greedy.
+UNPLANNED = (GREEDY, 1.0, 0.0, 0.0)
 
 
 def at_least(value: Any) -> float:
@@ -191,25 +193,38 @@ class Optimised(Policy):
     def node_parameters(
         self, batch: TreeBatch, target_probs: torch.Tensor, draft_probs: torch.Tensor
     ) -> torch.Tensor:
-        """``[B, N, 4]``: the reference ``policy.at_node`` of every node with candidates, encoded
-        as ``(kind, rho, scale, threshold)``. Runs on the host: one synchronisation, a loop over
-        the nodes that have candidates (memoised by the reference per distinct node). Rows of
-        float32/bf16/fp16 tables are renormalised in float64 first."""
-        counts = (batch.candidates != PAD).sum(-1).cpu().numpy()  # [B, N]
-        target = target_probs.detach().cpu().to(torch.float64).numpy()  # [B, N, V]
-        draft = draft_probs.detach().cpu().to(torch.float64).numpy()  # [B, N, V]
+        """``[B, N, 4]``: the reference ``policy.at_node`` of every node with two or more
+        candidates, encoded as ``(kind, rho, scale, threshold)``; greedy elsewhere (the
+        reference optimiser returns greedy for one candidate, before any search).
+
+        With one candidate slot (chains) nothing is planned: no host synchronisation. Otherwise
+        it runs on the host: one synchronisation, and one reference optimiser call per node with
+        two or more candidates (memoised by the reference for small vocabularies only). Only
+        those nodes' rows are copied to the host; rows of float32/bf16/fp16 tables are
+        renormalised in float64 first."""
+        greedy = torch.tensor(UNPLANNED, dtype=target_probs.dtype)  # [4]
+        out = greedy.to(target_probs.device).expand(*target_probs.shape[:2], 4)  # [B, N, 4]
+        if batch.candidates.shape[-1] < 2:  # static: no node has two candidates
+            return out
+        counts = (batch.candidates != PAD).sum(-1)  # [B, N]
+        rows, nodes = (counts >= 2).nonzero(as_tuple=True)  # [M] each (host sync)
+        target = target_probs[rows, nodes].detach().cpu().to(torch.float64).numpy()  # [M, V]
+        draft = draft_probs[rows, nodes].detach().cpu().to(torch.float64).numpy()  # [M, V]
         if target_probs.dtype != torch.float64:
             # Low-precision rows sum to 1 only roughly; the reference validates float64 masses.
             target, draft = (
                 t / np.maximum(t.sum(-1, keepdims=True), 1e-300) for t in (target, draft)
             )
-        out = np.zeros((*counts.shape, 4))  # [B, N, 4]
-        out[..., 1] = 1.0
-        for row, node in zip(*np.nonzero(counts), strict=True):
-            count = int(counts[row, node])
-            rule = self.reference.at_node(target[row, node], draft[row, node], count)
-            out[row, node] = encode(rule)
-        return torch.tensor(out, dtype=target_probs.dtype, device=target_probs.device)
+        planned = counts[rows, nodes].tolist()
+        rules = [
+            encode(self.reference.at_node(target[index], draft[index], count))
+            for index, count in enumerate(planned)
+        ]
+        if not rules:
+            return out
+        out = out.clone()
+        out[rows, nodes] = torch.tensor(rules, dtype=out.dtype, device=out.device)  # [M, 4]
+        return out
 
     def at_node(self, target, draft, counts, max_count, parameters):
         kind, rho, scale, threshold = parameters.unbind(-1)  # [B] each

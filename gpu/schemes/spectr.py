@@ -20,6 +20,8 @@ copy of the same token reads :math:`(u - a)/(1 - a)` (:func:`reuse_uniform`), cl
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from specsampling.noise import LARGEST_BELOW_ONE
@@ -79,8 +81,33 @@ def gamma(rejected: torch.Tensor, counts: torch.Tensor, max_count: int) -> torch
 
 
 def rejection(target: torch.Tensor, draft: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
-    r""":math:`1 - \beta(\rho) = \sum_x (q(x) - p(x)/\rho)_+` per row (``[B, V]`` rows, ``[B]``)."""
-    return (draft - target / rho[:, None]).clamp_min(0).sum(-1)  # [B]
+    r""":math:`1 - \beta(\rho) = \sum_x (q(x) - p(x)/\rho)_+` per row (``[B, V]`` rows, ``[B]``).
+
+    One fused ``addcdiv`` (``q + (-1) (p / \rho)``: the same rounding as ``q - p / \rho``, since
+    negation is exact), clipped in place, then summed: one ``[B, V]`` temporary instead of three.
+    """
+    return torch.addcdiv(draft, target, rho[:, None], value=-1).clamp_min_(0).sum(-1)  # [B]
+
+
+def mantissa_bits(dtype: torch.dtype) -> int:
+    """Explicit mantissa bits of a float dtype (52 for float64, 23 for float32)."""
+    return round(-math.log2(torch.finfo(dtype).eps))
+
+
+def bisection_steps(max_count: int, dtype: torch.dtype) -> int:
+    """The static number of bisection steps :func:`optimal_rho` runs for ``max_count``
+    candidates in ``dtype``: the reference's (enough to narrow ``[1, k]`` to ``TOLERANCE``),
+    capped where ``dtype`` runs out of bits (mantissa bits + 3 steps past the integer part:
+    the bracket is then two adjacent floats, a midpoint rounds to one of them and no later step
+    moves ``high``). 0 for ``max_count <= 1`` (:math:`\rho^* = 1`: nothing to bisect).
+
+    >>> bisection_steps(4, torch.float64), bisection_steps(4, torch.float32)
+    (43, 28)
+    >>> bisection_steps(1, torch.float64)
+    0
+    """
+    span = max(max_count - 1, 1).bit_length()
+    return min(41 + span, mantissa_bits(dtype) + 3 + span) * (max_count > 1)
 
 
 def optimal_rho(
@@ -105,6 +132,9 @@ def optimal_rho(
     >>> round(rho.tolist()[0], 6)
     1.274292
     """
+    steps = bisection_steps(max_count, target.dtype)
+    if steps == 0:  # static: one candidate slot, rho* = 1 without a pass over V
+        return torch.ones(target.shape[0], dtype=target.dtype, device=target.device)  # [B]
     counts = counts.clamp_min(1)  # [B]
 
     def feasible(rho: torch.Tensor) -> torch.Tensor:  # [B] bool
@@ -114,7 +144,7 @@ def optimal_rho(
     high = counts.to(target.dtype)  # [B]
     overlap = torch.minimum(target, draft).sum(-1) > 0  # [B]
     settled = ~overlap | feasible(low)  # [B]
-    for _ in range(41 + max(max_count - 1, 1).bit_length()):
+    for _ in range(steps):
         active = ~settled & (high - low > TOLERANCE)  # [B]
         middle = (low + high) / 2  # [B]
         ok = feasible(middle)  # [B]
