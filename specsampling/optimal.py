@@ -43,8 +43,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from scipy import sparse
-from scipy.optimize import linprog
 
 from . import _optimal_race
 from ._types import Probs
@@ -211,6 +209,9 @@ def _solve_lp(target: Probs, tuples: Iterable[tuple[tuple[int, ...], float]]) ->
     num_tuples, num_vars = len(bounds), len(tuple_of)
     rows = np.concatenate([tuple_of, np.add(token_of, num_tuples)]).astype(np.intp)
     cols = np.concatenate([np.arange(num_vars), np.arange(num_vars)])
+    from scipy import sparse  # imported here: scipy.optimize costs half a second to import
+    from scipy.optimize import linprog
+
     matrix = sparse.csr_array(
         (np.ones(2 * num_vars), (rows, cols)), shape=(num_tuples + len(target), num_vars)
     )

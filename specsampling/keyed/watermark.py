@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
 from ..validation import check_positive_int, check_token
 from . import field as keyed
@@ -124,7 +123,10 @@ def detect(
     arrival = exps.min(axis=1)
     with np.errstate(divide="ignore"):
         statistic = float(np.sum(-np.log(-np.expm1(-num_rows * arrival))))
-    return Detection(statistic, n, float(stats.gamma.sf(statistic, n)))
+    from scipy.special import gammaincc  # imported here: scipy.special is slow to import
+
+    # The p-value: the Gamma(n, 1) survival function at the statistic, Q(n, statistic).
+    return Detection(statistic, n, float(gammaincc(n, statistic)))
 
 
 __all__ = ["Detection", "detect", "scored_positions"]

@@ -47,7 +47,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
-from scipy.optimize import linprog
 
 from .._types import Probs
 from ..noise import Noise
@@ -422,6 +421,8 @@ def _solve_weights(
     matrix[:, num_pairs:] = np.eye(size)
     objective = np.concatenate([np.zeros(num_pairs), -np.ones(size)])
     bounds = [(0.0, 1.0)] * num_pairs + [(0.0, float(p)) for p in target[top]]
+    from scipy.optimize import linprog  # imported here: half a second to import
+
     result = linprog(objective, A_ub=matrix, b_ub=constant, bounds=bounds, method="highs-ds")
     if result.status != 0 or result.x is None:
         return None
