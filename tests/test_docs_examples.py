@@ -16,8 +16,11 @@ Conventions, all checked here (docs are part of the feature):
 - A fenced ``console`` block is a shell session: each ``$ command`` runs in bash in a scratch
   directory (one directory per block, so later commands see earlier files), and the lines up to
   the next ``$`` are its expected output, matched as above. A console block can opt out with
-  ``<!-- docs-test: skip -->`` on the line before it (for slow commands or ones that need the
-  checkout); python blocks cannot.
+  ``<!-- docs-test: skip -->`` on the line before it (for commands that need the checkout or a
+  network); python blocks cannot.
+- A block (python or console) preceded by ``<!-- docs-test: slow -->`` still runs and is still
+  checked, but only in the long run (``python -m pytest -m slow``, its own CI step): for examples
+  that load real weights or sample for tens of seconds, so the default run stays short.
 
 To refresh the output blocks after a deliberate change, run the examples and let them write what
 they print (then read the diff: a changed value is a changed claim)::
@@ -49,6 +52,7 @@ FENCE = re.compile(
 )
 OUTPUT_INFO = 'text title="Output"'
 SKIP = "<!-- docs-test: skip -->"
+SLOW = "<!-- docs-test: slow -->"
 NUMBER = r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?"
 TOKEN = re.compile(rf"(?P<ellipsis>\.\.\.)|(?P<number>{NUMBER})|(?P<space>\s+)")
 VALUE_IN_COMMENT = re.compile(r"(?<![A-Za-z_])\d|\b(?:True|False|None)\b")
@@ -61,6 +65,7 @@ class Fence:
     start: int  # offsets of the whole fence in the page
     end: int
     skip: bool  # preceded by the skip marker
+    slow: bool = False  # preceded by the slow marker: runs under ``-m slow`` only
 
 
 @dataclass(frozen=True)
@@ -84,8 +89,17 @@ def fences(text: str) -> list[Fence]:
         indent = len(match["indent"])
         body = "".join(line[indent:] for line in match["body"].splitlines(keepends=True))
         before = text[: match.start()].rstrip().splitlines()
-        skip = bool(before) and before[-1].strip() == SKIP
-        found.append(Fence(match["info"].strip(), body, match.start(), match.end(), skip))
+        marker = before[-1].strip() if before else ""
+        found.append(
+            Fence(
+                match["info"].strip(),
+                body,
+                match.start(),
+                match.end(),
+                marker == SKIP,
+                marker == SLOW,
+            )
+        )
     return found
 
 
@@ -244,8 +258,19 @@ def console_commands(body: str) -> list[tuple[str, str]]:
 
 # --- the tests ---------------------------------------------------------------------------------
 
-EXAMPLES = [pytest.param(ex, id=ex.id) for page in PAGES for ex in examples(page)]
-SESSIONS = [pytest.param(block, id=name) for page in PAGES for name, block in sessions(page)]
+
+def _marks(block: Fence) -> list[pytest.MarkDecorator]:
+    return [pytest.mark.slow] if block.slow else []
+
+
+EXAMPLES = [
+    pytest.param(ex, id=ex.id, marks=_marks(ex.code)) for page in PAGES for ex in examples(page)
+]
+SESSIONS = [
+    pytest.param(block, id=name, marks=_marks(block))
+    for page in PAGES
+    for name, block in sessions(page)
+]
 
 
 def test_the_docs_have_examples() -> None:
@@ -338,6 +363,10 @@ def test_console_blocks_parse() -> None:
     assert console_commands(body) == [("echo a", "a"), ("true", "")]
     page_text = f"{SKIP}\n```console\n$ slow\n```\n```console\n$ echo b\nb\n```\n"
     assert [f.skip for f in fences(page_text)] == [True, False]
+    page_text = f"{SLOW}\n```python\nprint(1)\n```\n\n```python\nprint(2)\n```\n"
+    assert [(f.skip, f.slow) for f in fences(page_text)] == [(False, True), (False, False)]
+    assert [m.name for m in _marks(fences(page_text)[0])] == ["slow"]
+    assert _marks(fences(page_text)[1]) == []
 
 
 # --- refreshing the output blocks ----------------------------------------------------------------
