@@ -304,7 +304,96 @@ def check_chain_round(
     argument for the first defect (shapes, vocab, NaN/inf/negative/mass of the real rows, draft
     ids in ``[0, V)`` on real lanes and ``>= -1`` on padding, noise in ``[0, 1)`` on real lanes,
     and -- stricter than the reference -- a positive draft probability of every drafted token).
-    One host synchronisation."""
+    One host synchronisation when the inputs are sound: every value check is reduced to one
+    flag (:func:`chain_is_sound`); only a defect pays for locating it."""
+    check_chain_shapes(draft_tokens, target_probs, draft_probs, noise)
+    if bool(chain_is_sound(draft_tokens, target_probs, draft_probs, noise, num_drafts, tolerance)):
+        return
+    locate_chain_defect(draft_tokens, target_probs, draft_probs, noise, num_drafts, tolerance)
+    raise AssertionError("chain_is_sound found a defect that could not be located")
+
+
+def check_chain_shapes(
+    draft_tokens: torch.Tensor, target_probs: Any, draft_probs: Any, noise: Noise | None
+) -> None:
+    """The host-side checks (types, shapes, vocabulary): no synchronisation."""
+    batch_size, gamma = draft_tokens.shape
+    tables = [("target_probs", target_probs, gamma + 1)]
+    if draft_probs is not None:
+        tables.append(("draft_probs", draft_probs, gamma))
+    for name, table, rows in tables:
+        if not isinstance(table, torch.Tensor) or not table.is_floating_point():
+            raise InvalidDistribution(
+                f"{name}: expected a float tensor of shape ({batch_size}, {rows}, vocab_size), "
+                f"got {type(table).__name__}"
+                + (f" of dtype {table.dtype}" if isinstance(table, torch.Tensor) else "")
+            )
+        if table.ndim != 3 or tuple(table.shape[:2]) != (batch_size, rows) or not table.shape[2]:
+            raise InvalidDistribution(
+                f"{name}: expected shape ({batch_size}, {rows}, vocab_size), got "
+                f"{tuple(table.shape)}"
+            )
+    vocab_size = int(target_probs.shape[2])
+    if draft_probs is not None and draft_probs.shape[2] != vocab_size:
+        raise InvalidDistribution(
+            f"draft_probs: vocabulary mismatch, {draft_probs.shape[2]} columns but vocab_size "
+            f"is {vocab_size}"
+        )
+    if noise is not None:
+        noise.check_shapes((batch_size, gamma + 1))
+
+
+def chain_is_sound(
+    draft_tokens: torch.Tensor,
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    noise: Noise | None,
+    num_drafts: torch.Tensor,
+    tolerance: float | None = None,
+) -> torch.Tensor:
+    """Every value check of :func:`check_chain_round` as one bool tensor (no synchronisation;
+    shapes already checked): lengths, token ids, noise lanes, row masses and signs, positive
+    drafted mass."""
+    gamma = draft_tokens.shape[1]
+    device = draft_tokens.device
+    vocab_size = int(target_probs.shape[2])
+    lanes = torch.arange(gamma + 1, device=device)  # [γ + 1]
+    real_nodes = lanes[None, :] <= num_drafts[:, None]  # [B, γ + 1]
+    real = real_nodes[:, 1:]  # [B, γ]
+    flags = [((num_drafts >= 0) & (num_drafts <= gamma)).all()]
+    bad_real = real & ((draft_tokens < 0) | (draft_tokens >= vocab_size))  # [B, γ]
+    bad_pad = ~real & ((draft_tokens < PAD) | (draft_tokens >= vocab_size))  # [B, γ]
+    flags.append(~(bad_real | bad_pad).any())
+    if noise is not None:
+        for values in (noise.accept, noise.sample):
+            values = values.to(device)
+            flags.append((((values >= 0) & (values < 1)) | ~real_nodes).all())
+    tables = [(target_probs, real_nodes)]
+    if draft_probs is not None:
+        tables.append((draft_probs, real))
+    for table, mask in tables:
+        tol = TOLERANCE.get(table.dtype, 1e-4) if tolerance is None else tolerance
+        values = table.to(device=device, dtype=ops.compute_dtype(table))  # [B, rows, V]
+        mass = values.sum(-1)  # [B, rows]; NaN/inf rows have a NaN/inf mass
+        ok = ((mass - 1).abs() <= tol) & (values.amin(-1) >= 0)  # [B, rows]
+        flags.append((ok | ~mask).all())
+    if draft_probs is not None:
+        safe = torch.where(real, draft_tokens, 0).clamp(0, vocab_size - 1)  # [B, γ]
+        drafted = draft_probs.to(device).gather(2, safe[..., None]).squeeze(-1)  # [B, γ]
+        flags.append(~(real & ~(drafted > 0)).any())
+    return torch.stack(flags).all()
+
+
+def locate_chain_defect(
+    draft_tokens: torch.Tensor,
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    noise: Noise | None,
+    num_drafts: torch.Tensor,
+    tolerance: float | None = None,
+) -> None:
+    """Raise :class:`~specsampling.InvalidDistribution` for the first defect, naming the
+    argument (several host synchronisations: only run once a defect is known)."""
     batch_size, gamma = draft_tokens.shape
     device = draft_tokens.device
     tables = [("target_probs", target_probs, gamma + 1)]  # real rows: lanes <= n_b

@@ -79,17 +79,7 @@ class Noise(NamedTuple):
 
     def check_lanes(self, real: torch.Tensor) -> None:
         """:meth:`check` against a mask of real lanes ``real [B, N]`` (bool)."""
-        shape = tuple(real.shape)
-        for name, values in (("accept", self.accept), ("sample", self.sample)):
-            if not isinstance(values, torch.Tensor) or not values.is_floating_point():
-                raise InvalidDistribution(
-                    f"noise.{name}: expected a float tensor of shape {shape}, got "
-                    f"{type(values).__name__}"
-                )
-            if tuple(values.shape) != shape:
-                raise InvalidDistribution(
-                    f"noise.{name}: expected shape {shape}, got {tuple(values.shape)}"
-                )
+        self.check_shapes(tuple(real.shape))
         inside = [
             ((v >= 0) & (v < 1)) | ~real  # [B, N]
             for v in (self.accept.to(real.device), self.sample.to(real.device))
@@ -101,6 +91,20 @@ class Noise(NamedTuple):
             if bool(bad.any()):
                 row = int(bad.nonzero()[0, 0])
                 raise InvalidDistribution(f"noise.{name}[{row}]: uniforms must lie in [0, 1)")
+
+    def check_shapes(self, shape: tuple[int, ...]) -> None:
+        """Raise :class:`~specsampling.InvalidDistribution` unless ``accept`` and ``sample``
+        are float tensors of ``shape`` (host metadata only, no synchronisation)."""
+        for name, values in (("accept", self.accept), ("sample", self.sample)):
+            if not isinstance(values, torch.Tensor) or not values.is_floating_point():
+                raise InvalidDistribution(
+                    f"noise.{name}: expected a float tensor of shape {shape}, got "
+                    f"{type(values).__name__}"
+                )
+            if tuple(values.shape) != shape:
+                raise InvalidDistribution(
+                    f"noise.{name}: expected shape {shape}, got {tuple(values.shape)}"
+                )
 
 
 def check_generator(generator: Any, name: str = "generator") -> torch.Generator | None:
