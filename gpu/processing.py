@@ -298,7 +298,7 @@ def _top_p_prefix(
     in_k = ranks < counts[:, None]  # [R, m]
     kept = torch.where(in_k, values, torch.zeros_like(values))  # [R, m]
     cumulative = kept.cumsum(-1)  # [R, m]: the full sort's first m cumulative masses
-    mass_before = (cumulative - kept).double()  # [R, m]
+    mass_before = cumulative - kept  # [R, m]
     k_inside = counts <= m  # [R]
     off = masses == math.inf  # [R]: top-k only
     if probs.dtype == torch.float64:
@@ -314,14 +314,14 @@ def _top_p_prefix(
         unit = float(torch.finfo(probs.dtype).eps)
         last = cumulative[:, -1:]  # [R, 1]: p(K) where top-k is on and k <= m
         total = torch.where(counts[:, None] < vocab_size, last, probs.sum(-1, keepdim=True))
-        low = high = (masses[:, None] * total)[:, 0].double()  # [R]
+        low = high = (masses[:, None] * total)[:, 0]  # [R], compared in the dtype as there
     sure_in = mass_before < low[:, None]  # [R, m]
     sure_out = mass_before >= high[:, None]  # [R, m]
     keep_rank = in_k & sure_in  # [R, m]
     settled = ~(in_k & ~sure_in & ~sure_out).any(-1)  # [R]
     is_prefix = (keep_rank[:, 1:] <= keep_rank[:, :-1]).all(-1)  # [R]
     reached = cumulative[:, -1].double()  # [R]
-    beyond = k_inside | (reached - 8 * unit * reached.clamp_min(1.0) >= high)  # [R]
+    beyond = k_inside | (reached - 8 * unit * reached.clamp_min(1.0) >= high.double())  # [R]
     known = k_inside | (counts >= vocab_size)  # [R]: p(K) formed from the prefix
     keep_all = off & (counts >= vocab_size)  # [R]
     decided = keep_all | (settled & is_prefix & beyond & known)  # [R]
