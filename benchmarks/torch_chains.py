@@ -27,6 +27,13 @@ median of each over the repeats):
   not the read, bounds what any from-logits verifier (the Hugging Face loop included) can reach:
   "HF loop / exp floor" is the largest speed-up over Hugging Face that is possible at all.
 
+Per scheme also: "verify / softmax" (verify only over ``torch.softmax`` of both tables; the goal
+for the chain fast paths is <= 0.25x), the verify with ``validate=True`` (its checks: one host
+synchronisation and a read of every real row), the verify in float64 (the tables upcast
+beforehand: the path-wise exact mode), and the verify compiled with
+``torch.compile(fullgraph=True)`` (chain fast paths only: ``standard``, ``specinfer``, ``rsd``,
+``nss``, ``block``, ``traversal``; not under ``--quick``, whose point is seconds).
+
 Then the latency a decoder pays per round at the Qwen vocabulary (V = 151,936, B = 1, γ = 8).
 The ratios are the claim; absolute times depend on the CPU and its load (printed; a load above
 half the CPU count measures contention).
@@ -54,6 +61,9 @@ from common import (
 
 import specsampling.gpu as ssg
 
+#: The schemes with a chain fast path (gathered tests, O(1) rows per sequence).
+FAST = ("standard", "specinfer", "rsd", "nss", "block", "traversal")
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -67,8 +77,26 @@ def hugging_face():
     return _speculative_sampling, f"transformers {transformers.__version__}"
 
 
+def compiled_verifier(name: str):
+    """``verify_chain`` of ``name`` (validation off, explicit noise) under
+    ``torch.compile(fullgraph=True)``, or the error text when it does not compile."""
+
+    def verify(draft_tokens, target_probs, draft_probs, accept, sample):
+        noise = ssg.Noise(accept, sample)
+        out = ssg.verify_chain(name, draft_tokens, target_probs, draft_probs, noise, validate=False)
+        return out.tokens
+
+    return torch.compile(verify, fullgraph=True)
+
+
 def measure(
-    batch_size: int, gamma: int, vocab_size: int, temperature: float, repeats: int, seed: int
+    batch_size: int,
+    gamma: int,
+    vocab_size: int,
+    temperature: float,
+    repeats: int,
+    seed: int,
+    compile_fast: bool = True,
 ) -> tuple[list[list[str]], dict[str, float], list[list[str]]]:
     """One configuration: rows of the scheme table, the reference timings, skipped schemes."""
     target_logits, draft_logits, draft_tokens = chain_logits(batch_size, gamma, vocab_size, seed)
@@ -106,8 +134,11 @@ def measure(
         fns["hf"] = hf_loop
         torch.manual_seed(seed)
         hf_emitted = sum(hf_loop()) / batch_size
+    noise = ssg.chain.chain_noise(batch_size, gamma, torch.Generator().manual_seed(seed))
+    target64, draft64 = target_probs.double(), draft_probs.double()
+    compile_notes = {}
     emitted = {}
-    for name, _, run in usable:
+    for name, path, run in usable:
         generator = torch.Generator().manual_seed(seed)
 
         def full(run=run, generator=generator):
@@ -120,21 +151,53 @@ def measure(
         fns[f"full:{name}"] = full
         fns[f"verify:{name}"] = verify_only
         emitted[name] = float(full().num_emitted.double().mean())
+        if path != "verify_chain":
+            continue
+
+        def validated(name=name):
+            return ssg.verify_chain(name, draft_tokens, target_probs, draft_probs, noise)
+
+        fns[f"validate:{name}"] = validated
+        if name not in FAST:
+            continue
+
+        def exact(name=name):
+            return ssg.verify_chain(name, draft_tokens, target64, draft64, noise, validate=False)
+
+        fns[f"f64:{name}"] = exact
+        if compile_fast:
+            compiled = compiled_verifier(name)
+            args = (draft_tokens, target_probs, draft_probs, noise.accept, noise.sample)
+            try:
+                compiled(*args)
+            except Exception as error:  # recorded in the report, never hidden
+                compile_notes[name] = f"{type(error).__name__}: {str(error).splitlines()[0]}"
+                continue
+            fns[f"compiled:{name}"] = lambda compiled=compiled, args=args: compiled(*args)
     best = interleaved_median(fns, repeats)  # seconds, median
     best["exp"] = min(best["exp"], best["softmax"])  # the fastest full pass through exp
     rows = []
+
+    def ms(key: str) -> str:
+        return sig(best[key] * 1e3) if key in best else "n/a"
+
     for name, path, _ in usable:
         spent = best[f"full:{name}"]
+        verify = best[f"verify:{name}"]
         rows.append(
             [
                 f"`{name}`",
                 path,
                 sig(spent * 1e3),
-                sig(best[f"verify:{name}"] * 1e3),
+                sig(verify * 1e3),
                 sig(best["hf"] / spent, 2) + "x" if "hf" in best else "n/a",
                 sig(spent / best["floor"], 2) + "x",
                 sig(spent / best["exp"], 2) + "x",
                 f"{emitted[name]:.2f}",
+                sig(verify / best["softmax"], 2) + "x",
+                ms(f"validate:{name}"),
+                ms(f"f64:{name}"),
+                compile_notes.get(name, ms(f"compiled:{name}")),
             ]
         )
     refs = dict(best)
@@ -151,6 +214,10 @@ HEADER = [
     "ours / read floor",
     "ours / exp floor",
     "tokens emitted per row",
+    "verify / softmax",
+    "verify, validate=True (ms)",
+    "verify, float64 (ms)",
+    "verify, compiled (ms)",
 ]
 
 
@@ -194,10 +261,22 @@ def main() -> None:
     _, hf_note = hugging_face()
 
     rows, refs, skipped = measure(
-        args.batch, args.gamma, args.vocab, args.temperature, args.repeats, args.seed
+        args.batch,
+        args.gamma,
+        args.vocab,
+        args.temperature,
+        args.repeats,
+        args.seed,
+        compile_fast=not args.quick,
     )
     lat_rows, lat_refs, _ = measure(
-        1, args.gamma, args.latency_vocab, args.temperature, args.repeats * 3, args.seed + 1
+        1,
+        args.gamma,
+        args.latency_vocab,
+        args.temperature,
+        args.repeats * 3,
+        args.seed + 1,
+        compile_fast=not args.quick,
     )
     load_after = os.getloadavg()
     busy = is_busy(load_before)  # the after value includes this benchmark's own threads
@@ -223,7 +302,8 @@ its own softmax) by that; "ours / read floor" divides it by one `sum` over each 
 "ours / exp floor" by one `exp` pass over each (the normalisers: no exact verifier from logits
 can go below it).
 Median of {args.repeats} interleaved repeats after a warm-up (latency: {args.repeats * 3}).
-Goals: HF loop / ours >= 10x, ours / read floor <= 4x.
+Goals: HF loop / ours >= 10x, ours / read floor <= 4x; chain fast paths: verify / softmax
+<= 0.25x, process + verify <= 1.5x the exp floor (B = 64) and <= 2x (B = 1, V = 151,936).
 
 ## Throughput: B = {args.batch}, γ = {args.gamma}, V = {args.vocab:,}
 
