@@ -21,10 +21,18 @@ drafted child descends into it) can only happen on a zero-mass residual, whose f
 :math:`p_k` itself; such a row resumes at :math:`k + 1` in one more round (:class:`StandardChain`;
 deciding that another round is needed is one host check, skipped with ``validate=False``).
 
-Which schemes take the fast path. Those whose rule on a one-candidate chain *is* the standard
+Which schemes take a fast path. Those whose rule on a one-candidate chain *is* the standard
 rule, noise lane for noise lane: ``standard``, ``specinfer`` and ``rsd`` (recursive rejection with
-one candidate). Every other registered scheme exact on sampled chains runs its own lowering on a
-:class:`~specsampling.gpu.TreeBatch` of chains (law ``iid``). Point-mass drafts are exact for
+one candidate), here; ``nss``, ``block`` and ``traversal`` have their own chain engines
+(:mod:`specsampling.gpu.chain_rules`: gathered values, one fused row pass per inner position for
+block/traversal's masses, one stop row). Every other registered scheme exact on sampled chains
+runs its own lowering on a :class:`~specsampling.gpu.TreeBatch` of chains (law ``iid``).
+
+Precision. float64 tables give the reference's verdicts bit for bit; float32 (bf16/fp16 upcast
+to it, row by row on the standard path) is the fast path: accept tests in float64 on gathered
+values, residual rows in float32, the stop token by the two-level inverse CDF of
+:func:`~specsampling.gpu.ops.categorical_blocks` -- no ``[B, γ, V]`` (or ``[B, V]``) float64
+temporary. ``dtype=`` chooses either explicitly. Point-mass drafts are exact for
 every such scheme: a deterministic draft is a (degenerate) sample from :math:`\mathbf 1_{x_i}`,
 so the chain is a sampled chain of that draft (certified in ``tests/test_gpu_chain.py`` with the
 exact engine on a :class:`~specsampling.ModelPair` whose draft is a point mass).
