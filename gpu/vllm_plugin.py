@@ -201,8 +201,11 @@ class ChainLayout(NamedTuple):
     num_drafts: torch.Tensor
 
 
-def chain_layout(num_draft_tokens: Sequence[int], device: Any = None) -> ChainLayout:
-    """The :class:`ChainLayout` of vLLM's ``num_draft_tokens`` (drafts then bonus per request).
+def chain_layout(
+    num_draft_tokens: Sequence[int], device: Any = None, minimum_width: int = 0
+) -> ChainLayout:
+    """The :class:`ChainLayout` of vLLM's ``num_draft_tokens`` (drafts then bonus per request),
+    ``γ = max(max(num_draft_tokens), minimum_width)`` lanes.
 
     >>> layout = chain_layout([2, 0, 1])
     >>> layout.target_index.tolist()
@@ -214,6 +217,7 @@ def chain_layout(num_draft_tokens: Sequence[int], device: Any = None) -> ChainLa
     if bool((counts < 0).any()):
         raise ValueError(f"num_draft_tokens: expected non-negative counts, got {counts.tolist()}")
     width = int(counts.max()) if counts.numel() else 0
+    width = max(width, minimum_width)
     lanes = torch.arange(width + 1)  # [γ + 1]
     starts = (counts + 1).cumsum(0) - counts - 1  # [B] first logits row of each request
     target_index = starts[:, None] + torch.minimum(lanes[None, :], counts[:, None])
@@ -277,20 +281,21 @@ def verify_step(
     [[1, 0], [0, -1]]
     """
     device = probs.device
-    layout = chain_layout(num_draft_tokens, device)
-    batch_size, width = layout.draft_index.shape
     counts = [int(n) for n in num_draft_tokens]
+    # A step without drafts is laid out with one padding lane: every row emits its bonus token.
+    layout = chain_layout(counts, device, minimum_width=1)
+    batch_size, width = layout.draft_index.shape
     if greedy is not None:
         rows = torch.repeat_interleave(greedy, layout.num_drafts + 1)  # [T + B]
         probs = one_hot_rows(probs, rows, probs.argmax(-1))
     target_probs = probs[layout.target_index]  # [B, γ + 1, V]
     real = torch.arange(width, device=device)[None, :] < layout.num_drafts[:, None]  # [B, γ]
-    if width:
+    if draft_token_ids.numel():
         draft_tokens = torch.where(real, draft_token_ids.to(device).long()[layout.draft_index], 0)
     else:
-        draft_tokens = torch.zeros((batch_size, 0), dtype=torch.long, device=device)
+        draft_tokens = torch.zeros((batch_size, width), dtype=torch.long, device=device)
     padded_draft = None
-    if draft_probs is not None and width:
+    if draft_probs is not None and draft_probs.numel():
         padded_draft = draft_probs[layout.draft_index]  # [B, γ, V]
         if greedy is not None:
             padded_draft = one_hot_rows(padded_draft, greedy[:, None] & real, draft_tokens)
@@ -304,7 +309,7 @@ def verify_step(
         validate=validate,
         num_draft_tokens=layout.num_drafts,
     )
-    return verified.tokens.to(torch.int32)
+    return verified.tokens[:, : max(counts, default=0) + 1].to(torch.int32)
 
 
 # --------------------------------------------------------------------------- inside vLLM
@@ -445,15 +450,16 @@ class WorkerExtension:
         current = getattr(runner, "rejection_sampler", None)
         if current is None:
             raise ValueError("scheme: this engine has no speculative decoding to verify")
-        if scheme is None:  # back to vLLM's own sampler
-            current.specsampling = None
-            if type(current) is not rejection_sampler_class():
-                return None
+        if scheme is None:  # back to vLLM's own sampler (its own forward, even if patched)
+            import types
+
             from vllm.v1.sample.rejection_sampler import RejectionSampler as VllmSampler
 
-            runner.rejection_sampler = VllmSampler(
-                current.sampler, runner.speculative_config, runner.device
-            )
+            own = VllmSampler(current.sampler, runner.speculative_config, runner.device)
+            original = getattr(VllmSampler, "specsampling_original_forward", None)
+            if original is not None:
+                own.forward = types.MethodType(original, own)
+            runner.rejection_sampler = own
             return None
         config = Config(check_scheme(scheme), bool(validate))
         sampler = rejection_sampler_class()(
@@ -468,7 +474,8 @@ class WorkerExtension:
         sampler = getattr(self.model_runner, "rejection_sampler", None)
         config = getattr(sampler, "specsampling", None)
         if config is None and sampler is not None and _ACTIVE is not None:
-            if type(sampler).forward is specsampling_forward:
+            forward = getattr(sampler.forward, "__func__", None)
+            if forward is specsampling_forward:
                 config = _ACTIVE
         return None if config is None else config.scheme
 
@@ -505,6 +512,7 @@ def register() -> None:
             original_init(self, sampler, spec_config, device)
             self.specsampling_probabilistic = _probabilistic(spec_config)
 
+        VllmRejectionSampler.specsampling_original_forward = VllmRejectionSampler.forward
         VllmRejectionSampler.__init__ = __init__
         VllmRejectionSampler.forward = specsampling_forward
     if not getattr(InputProcessor._validate_params, "specsampling", False):
