@@ -101,26 +101,56 @@ _FULL_REPORT: dict[str, Report] = {}
 
 @pytest.fixture
 def certify_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make the CLI's full (unselected) certification run once per test session."""
+    """Make each CLI certification (the full one, or a selection of names) run once per test
+    session."""
     import specsampling.cli as cli
 
     def cached(selected: Any = None, progress: Any = None) -> Report:
-        if selected is not None:
+        names = (
+            None
+            if selected is None
+            else tuple(s if isinstance(s, str) else s.name for s in selected)
+        )
+        if names is not None and any(not isinstance(s, str) for s in selected):
             return certify(selected, progress=progress)
-        if "full" not in _FULL_REPORT:
-            _FULL_REPORT["full"] = certify(None, progress=progress)
-        return _FULL_REPORT["full"]
+        key = "full" if names is None else ",".join(names)
+        if key not in _FULL_REPORT:
+            _FULL_REPORT[key] = certify(selected, progress=progress)
+        return _FULL_REPORT[key]
 
     monkeypatch.setattr(cli, "certify", cached)
 
 
+#: The default run certifies a few schemes through the CLI (the README's set-up line and the
+#: long run, ``-m slow``, certify the whole registry): a rational scheme, a keyed coupling, the
+#: two without-replacement / i.i.d. refusals the design singles out.
+SELECTION = ("block", "gumbel", "rsd", "specinfer")
+
+
+def _selected(names: Any) -> list[str]:
+    return [arg for name in names for arg in ("--scheme", name)]
+
+
+@pytest.mark.slow
 def test_certify_table(capsys: pytest.CaptureFixture[str], certify_once: None) -> None:
-    assert main(["certify", "--no-progress"]) == 0
+    _check_table(capsys, [], ss.SCHEMES)
+
+
+def test_certify_table_of_a_selection(
+    capsys: pytest.CaptureFixture[str], certify_once: None
+) -> None:
+    _check_table(capsys, _selected(SELECTION[:2]), SELECTION[:2])
+
+
+def _check_table(capsys: pytest.CaptureFixture[str], argv: list[str], names: Any) -> None:
+    assert main(["certify", "--no-progress", *argv]) == 0
     out, err = capsys.readouterr()
     assert err == ""
     lines = out.splitlines()
     assert lines[0].split(" | ")[0].strip() == "scheme"
-    for name in ss.SCHEMES:
+    shown = {line.split(" | ")[0].strip() for line in lines[1:] if " | " in line}
+    assert set(names) <= shown and not shown & (set(ss.SCHEMES) - set(names))
+    for name in names:
         row = next(line for line in lines if line.split(" | ")[0].strip() == name)
         assert row.rstrip().endswith("certified")
         assert "VIOLATION" not in row
@@ -128,13 +158,26 @@ def test_certify_table(capsys: pytest.CaptureFixture[str], certify_once: None) -
     assert "refuses (raises UnsupportedShape)" in out
 
 
+@pytest.mark.slow
 def test_certify_json(capsys: pytest.CaptureFixture[str], certify_once: None) -> None:
-    assert main(["certify", "--json", "--no-progress"]) == 0
+    by_name = _check_json(capsys, [], ss.SCHEMES)
+    assert "top((2, 2))" in by_name["nss"]["supported"]
+    assert by_name["nss"]["refused"] == []
+
+
+def test_certify_json_of_a_selection(
+    capsys: pytest.CaptureFixture[str], certify_once: None
+) -> None:
+    _check_json(capsys, _selected(SELECTION), SELECTION)
+
+
+def _check_json(capsys: pytest.CaptureFixture[str], argv: list[str], names: Any) -> Any:
+    assert main(["certify", "--json", "--no-progress", *argv]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["certified"] is True
     assert data["version"] == ss.__version__
     by_name = {s["name"]: s for s in data["schemes"]}
-    assert set(by_name) == set(ss.SCHEMES)
+    assert set(by_name) == set(names)
     for name, scheme in by_name.items():
         assert scheme["certified"] is True, name
         assert scheme["violations"] == []
@@ -151,8 +194,7 @@ def test_certify_json(capsys: pytest.CaptureFixture[str], certify_once: None) ->
     # and so is RRS-with-replacement on without-replacement drafts; NSS takes every tree.
     assert "star(2, replacement=True)" in by_name["rsd"]["refused"]
     assert "star(2, replacement=False)" in by_name["specinfer"]["refused"]
-    assert "top((2, 2))" in by_name["nss"]["supported"]
-    assert by_name["nss"]["refused"] == []
+    return by_name
 
 
 def test_module_entry_point_subprocess() -> None:

@@ -114,7 +114,16 @@ def _conditional_tree(scheme, case):
     return max(trees, key=lambda tree: tree.num_nodes)
 
 
-@pytest.mark.parametrize("index", range(len(MARGINAL_CASES)))
+#: The keyed couplings' sampled rounds take ~10 s each in pure Python: they run in the long run
+#: (``-m slow``); the default run checks them against the target over keys in
+#: tests/test_couplings.py and tests/test_gls.py. They stay in the false-positive budget.
+MARGINAL_PARAMS = [
+    pytest.param(index, marks=[pytest.mark.slow] if case[0] in KEYED else [])
+    for index, case in enumerate(MARGINAL_CASES)
+]
+
+
+@pytest.mark.parametrize("index", MARGINAL_PARAMS)
 def test_sampled_rounds_match_round_law(index):
     scheme, shape, pair_name = MARGINAL_CASES[index]
     pair = PAIRS[pair_name]
