@@ -32,6 +32,15 @@ Policies (one lowering object per reference policy object, :func:`lower_policy`)
   :meth:`Optimised.node_parameters` runs the reference optimiser per node on the host (one host
   synchronisation per verify call, before the walk) and hands the walk the chosen rule as
   explicit per-node tensors ``(kind, rho, scale, threshold)``; everything after is batched.
+  Only nodes with two or more candidates are planned (the optimiser picks greedy for one), so
+  chains have no host step at all. Its cost is the reference optimiser's: measured 2026-12-02
+  at :math:`V = 32{,}000` on a loaded 2-core CPU about 0.27 s per planned node (the reference
+  pays the same per node it visits; above ``MEMO_VOCAB`` tokens nothing is memoised), far above
+  the batched walk. The explicit policies (``Greedy``, ``ConstantRatio``,
+  ``ConfidenceDamping``) have no host step and are the fast, ``torch.compile``-able path.
+
+Cost of the batched part: per candidate slot a handful of ``[B, V]`` passes in the input's
+precision (float32 stays float32; only the accept test's scalars are float64).
 
 How per-row data reaches the rule: :meth:`ResiSpec.node_extras` gives the walk ``[B, N, 1 + P]``
 once per call (column 0 is 1 for a without-replacement row, the others the policy's per-node
@@ -147,7 +156,7 @@ class ConstantRatio(Policy):
         self.rho = None if policy.rho is None else float(policy.rho)
 
     def at_node(self, target, draft, counts, max_count, parameters):
-        if self.rho is None:
+        if self.rho is None:  # static: the policy object's parameter
             return optimal_rho(target, draft, counts, max_count)  # [B]
         return torch.full_like(target[:, 0], self.rho)  # [B]
 
@@ -174,7 +183,7 @@ class ConfidenceDamping(Policy):
         self.top = policy.top
 
     def at_node(self, target, draft, counts, max_count, parameters):
-        if self.top is not None:
+        if self.top is not None:  # static: the policy object's parameter
             return top_mask(draft, self.top)  # [B, V]
         return draft >= self.threshold  # [B, V]
 
