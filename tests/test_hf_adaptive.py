@@ -242,7 +242,7 @@ def test_greedy_equals_generate_for_every_option(pair, scheme):
             assert out.sequences[:, ids.shape[1] :].tolist() == expected, label
             alone = dec.generate(torch.tensor([PROMPTS[0]]), max_new_tokens=12, temperature=0)
             assert alone.sequences[0, 5:].tolist() == expected[0], label
-            if draft is target and label in ("heuristic", "cost model", "all"):
+            if draft is target and label in ("heuristic", "cost model"):
                 assert max(alone.stats.emitted[0]) > 4, label  # a chain longer than the shape's
 
 

@@ -139,8 +139,9 @@ class ModelDraft(Drafter):
 
     ``confidence`` (chains only; ``None``: off): **early stopping**, transformers'
     ``assistant_confidence_threshold`` rule (its ``ConfidenceCriteria``): a row's chain ends
-    after the first drafted token whose draft probability :math:`q(x_d \mid x_{<d})` is under
-    ``confidence`` (at temperature 0 that is the draft's top probability). The token is kept,
+    after the first drafted token whose probability under the draft's softmax (of its raw
+    logits: temperature 1, no top-k/top-p cut, as transformers reads greedy scores; at
+    temperature 0 the draft's top probability) is under ``confidence``. The token is kept,
     no draft forward is spent past it, and the round's drafting stops once every row has
     stopped (one host synchronisation per level).
 
@@ -234,7 +235,8 @@ class ModelDraft(Drafter):
                 assert drawn is not None, "early stopping needs the drawn tokens"
                 token = drawn[:, 0]  # [B]
                 drawn_tokens.append(token)
-                confident = probs[:, 0].gather(1, token.clamp_min(0)[:, None])[:, 0]  # [B]
+                raw = logits[:, 0, : state.vocab_size].float().softmax(-1)  # [B, V]
+                confident = raw.gather(1, token.clamp_min(0)[:, None])[:, 0]  # [B]
                 low = (confident < self.confidence) & ~stopped  # [B]: stop after this token
                 lengths = torch.where(low, level + 1, lengths)
                 stopped |= low
