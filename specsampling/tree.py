@@ -136,12 +136,23 @@ class DraftTree:
 
         A draw of a token its parent already has adds that child again to the parent's
         candidate list instead of a new node.
+
+        >>> DraftTree.from_draws([(0, 2), (0, 2), (1, 0)], law="iid").candidates
+        ((1, 1), (2,), ())
+        >>> DraftTree.from_draws([(0, 2), 3])
+        Traceback (most recent call last):
+        ...
+        TypeError: draws[1]: expected a (parent_node, token) pair, got 3
         """
         parents, tokens = [-1], [-1]
         candidates: list[list[int]] = [[]]
         index: dict[tuple[int, int], int] = {}
-        for parent, token in draws:
-            parent, token = _node_id(parent, "draws"), _node_id(token, "draws")
+        if isinstance(draws, (str, bytes)):
+            raise TypeError(f"draws: expected (parent_node, token) pairs, got {draws!r}")
+        for i, draw in enumerate(draws):
+            if isinstance(draw, (str, bytes)) or not hasattr(draw, "__len__") or len(draw) != 2:
+                raise TypeError(f"draws[{i}]: expected a (parent_node, token) pair, got {draw!r}")
+            parent, token = _node_id(draw[0], "draws"), _node_id(draw[1], "draws")
             if not 0 <= parent < len(parents):
                 raise ValueError(f"tree: draw names parent {parent}, which does not exist yet")
             node = index.get((parent, token))

@@ -605,3 +605,18 @@ def test_simulator_flags_and_unused_costs_are_refused() -> None:
         sim.search_shape("nss", pair, budget=2, objective="tokens-per-second", cost="x")
     with pytest.raises(ValueError, match=r"^batch_size: expected an integer >= 1, got 0$"):
         sim.search_shape("nss", pair, budget=2, batch_size=0)
+
+
+@pytest.mark.parametrize(
+    ("draws", "says"),
+    [
+        ("ab", r"^draws: expected \(parent_node, token\) pairs, got 'ab'$"),
+        ([(0, 1), 3], r"^draws\[1\]: expected a \(parent_node, token\) pair, got 3$"),
+        ([(0, 1, 2)], r"^draws\[0\]: expected a \(parent_node, token\) pair"),
+        (["ab"], r"^draws\[0\]: expected a \(parent_node, token\) pair, got 'ab'$"),
+    ],
+)
+def test_draws_that_are_not_pairs_are_named(draws, says) -> None:
+    """A string of draws was unpacked per character ("not enough values to unpack")."""
+    with pytest.raises(TypeError, match=says):
+        ss.DraftTree.from_draws(draws, law="iid")
