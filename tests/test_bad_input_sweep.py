@@ -1,0 +1,264 @@
+"""A sweep of malformed calls on the numpy reference, the simulators, the continuous couplings and
+the watermark detector: each is refused with an error whose message starts with the argument's
+name (``name: problem`` or ``name[i]: problem``), never a raw ``AttributeError``/``KeyError`` from
+deep inside, and never accepted silently. The torch surfaces have their own sweep in
+``tests/test_gpu_input_fuzz.py``; single classes of bad input have focused tests in
+``tests/test_validation.py``.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import specsampling as ss
+from specsampling import continuous as c
+from specsampling import simulators as sim
+from specsampling.keyed import watermark as wm
+from specsampling.optimal import lp_acceptance
+
+#: ``argument: problem`` or ``argument[1, 2]: problem``
+CLEAR = re.compile(r"^[A-Za-z_][\w.]*(\[[0-9, ]+\])?: ")
+
+p = [0.5, 0.3, 0.2]
+q = [0.2, 0.3, 0.5]
+pair = ss.pairs.Stationary(p, q)
+shape = ss.Shape.chain(2)
+m = np.zeros(3)
+d = np.ones(3) * 0.1
+
+
+def rng() -> np.random.Generator:
+    return np.random.default_rng(0)
+
+
+CALLS = [
+    pytest.param(lambda: ss.process("abc"), id="process logits str"),
+    pytest.param(lambda: ss.process([0.0, 1.0], temperature="x"), id="process temp str"),
+    pytest.param(lambda: ss.process([0.0, 1.0], temperature=float("nan")), id="process temp nan"),
+    pytest.param(lambda: ss.process([0.0, 1.0], top_k=0), id="process top_k 0"),
+    pytest.param(lambda: ss.process([0.0, 1.0], top_k=1.5), id="process top_k 1.5"),
+    pytest.param(lambda: ss.process([0.0, 1.0], top_p=0), id="process top_p 0"),
+    pytest.param(lambda: ss.process([0.0, 1.0], top_p=2), id="process top_p 2"),
+    pytest.param(lambda: ss.process([]), id="process empty"),
+    pytest.param(lambda: ss.pairs.Stationary([1.5, -0.5], q[:2]), id="Stationary neg"),
+    pytest.param(lambda: ss.pairs.Stationary(p, [0.5, 0.5]), id="Stationary len"),
+    pytest.param(lambda: ss.pairs.Stationary([float("nan"), 1.0], [0.5, 0.5]), id="Stationary nan"),
+    pytest.param(lambda: ss.pairs.Stationary("ab", "cd"), id="Stationary str"),
+    pytest.param(lambda: ss.pairs.Stationary(None, None), id="Stationary None"),
+    pytest.param(lambda: ss.Shape.chain(-1), id="Shape.chain -1"),
+    pytest.param(lambda: ss.Shape.chain(1.5), id="Shape.chain 1.5"),
+    pytest.param(lambda: ss.Shape.chain("3"), id="Shape.chain str"),
+    pytest.param(lambda: ss.Shape.star(0), id="Shape.star 0"),
+    pytest.param(lambda: ss.Shape.paths(0, 2), id="Shape.paths 0"),
+    pytest.param(lambda: ss.Shape.branching(()), id="Shape.branching empty"),
+    pytest.param(lambda: ss.Shape.branching((2, -1)), id="Shape.branching neg"),
+    pytest.param(lambda: ss.speculate("nope", pair, shape, rng()), id="speculate unknown"),
+    pytest.param(lambda: ss.speculate(3, pair, shape, rng()), id="speculate scheme int"),
+    pytest.param(
+        lambda: ss.speculate("standard", [0.5, 0.5], shape, rng()), id="speculate pair list"
+    ),
+    pytest.param(
+        lambda: ss.speculate("standard", pair, "chain(2)", rng()), id="speculate shape str"
+    ),
+    pytest.param(lambda: ss.speculate("standard", pair, shape, 0), id="speculate rng int"),
+    pytest.param(lambda: ss.speculate("standard", pair, shape, "x"), id="speculate rng str"),
+    pytest.param(
+        lambda: ss.speculate("standard", pair, shape, rng(), prefix=(-1,)),
+        id="speculate prefix neg",
+    ),
+    pytest.param(lambda: ss.generate("standard", pair, shape, -1, rng()), id="generate length -1"),
+    pytest.param(
+        lambda: ss.generate("standard", pair, shape, 1.5, rng()), id="generate length 1.5"
+    ),
+    pytest.param(
+        lambda: ss.generate("standard", pair, shape, "3", rng()), id="generate length str"
+    ),
+    pytest.param(lambda: ss.get_scheme(1), id="get_scheme 1"),
+    pytest.param(lambda: ss.get_scheme("stndard"), id="get_scheme bad"),
+    pytest.param(lambda: ss.DraftTree.chain([-1, 2]), id="DraftTree.chain neg token"),
+    pytest.param(lambda: ss.DraftTree.chain([1, 2], law="x"), id="DraftTree.chain law bad"),
+    pytest.param(lambda: ss.DraftTree.chain("ab"), id="DraftTree.chain str"),
+    pytest.param(lambda: sim.estimate("standard", pair, "chain(2)"), id="sim.estimate shape str"),
+    pytest.param(lambda: sim.compare([], pair, shape), id="sim.compare empty"),
+    pytest.param(
+        lambda: sim.search_shape("standard", pair, budget=0), id="sim.search_shape budget 0"
+    ),
+    pytest.param(
+        lambda: sim.search_shape("standard", pair, budget="x"), id="sim.search_shape budget str"
+    ),
+    pytest.param(lambda: sim.RecordedTrees.load("/tmp"), id="RecordedTrees.load dir"),
+    pytest.param(lambda: ss.acceptance("nope", p, q, 2), id="acceptance unknown"),
+    pytest.param(lambda: ss.acceptance("standard", p, q, 0), id="acceptance nd 0"),
+    pytest.param(lambda: ss.acceptance("standard", p, q, -1), id="acceptance nd -1"),
+    pytest.param(lambda: ss.acceptance("standard", p, q, 1.5), id="acceptance nd 1.5"),
+    pytest.param(lambda: ss.acceptance("standard", p, q, "2"), id="acceptance nd str"),
+    pytest.param(lambda: ss.acceptance("standard", None, q, 2), id="acceptance target None"),
+    pytest.param(lambda: ss.acceptance("standard", p, q[:2], 2), id="acceptance len"),
+    pytest.param(lambda: ss.output_law("standard", p, q, -1), id="output_law nd -1"),
+    pytest.param(
+        lambda: ss.output_law("standard", [1.5, -0.5, 0], q, 1), id="output_law target neg"
+    ),
+    pytest.param(lambda: ss.optimal_acceptance(p, q, -1), id="optimal_acceptance nd -1"),
+    pytest.param(
+        lambda: ss.optimal_acceptance(p, q, 2, replacement="no"), id="optimal_acceptance repl str"
+    ),
+    pytest.param(lambda: lp_acceptance(p, q, 0), id="lp_acceptance nd 0"),
+    pytest.param(lambda: lp_acceptance(p, q, 2, shape="x"), id="lp_acceptance shape str"),
+    pytest.param(lambda: ss.lossless_error("standard", pair, 5), id="lossless_error shape int"),
+    pytest.param(
+        lambda: ss.lossless_error("standard", pair, shape, -1), id="lossless_error length -1"
+    ),
+    pytest.param(
+        lambda: ss.lossless_error("standard", [0.5, 0.5], shape), id="lossless_error pair list"
+    ),
+    pytest.param(lambda: ss.round_law("standard", pair, None), id="round_law shape None"),
+    pytest.param(
+        lambda: ss.round_law("standard", pair, shape, max_trees=0), id="round_law max_trees 0"
+    ),
+    pytest.param(lambda: ss.stream_law("standard", pair, shape, -1), id="stream_law length -1"),
+    pytest.param(lambda: ss.stream_law("standard", pair, shape, "2"), id="stream_law length str"),
+    pytest.param(
+        lambda: ss.expected_emitted("standard", pair, None), id="expected_emitted shape None"
+    ),
+    pytest.param(
+        lambda: ss.expected_emitted("standard", None, shape), id="expected_emitted pair None"
+    ),
+    pytest.param(
+        lambda: ss.expected_emitted("standard", pair, shape, prefix=(7,)),
+        id="expected_emitted prefix big",
+    ),
+    pytest.param(
+        lambda: sim.estimate("standard", pair, shape, num_trees=0), id="sim.estimate num_trees 0"
+    ),
+    pytest.param(
+        lambda: sim.estimate("standard", pair, shape, num_trees=-3), id="sim.estimate num_trees -3"
+    ),
+    pytest.param(
+        lambda: sim.estimate("standard", pair, shape, num_trees="x"),
+        id="sim.estimate num_trees str",
+    ),
+    pytest.param(
+        lambda: sim.estimate("standard", pair, shape, num_trees=10, method="x"),
+        id="sim.estimate method bad",
+    ),
+    pytest.param(
+        lambda: sim.estimate("standard", pair, shape, num_trees=10, generator="x"),
+        id="sim.estimate gen str",
+    ),
+    pytest.param(
+        lambda: sim.estimate("standard", None, shape, num_trees=10), id="sim.estimate source None"
+    ),
+    pytest.param(
+        lambda: sim.estimate("standard", pair, None, num_trees=10), id="sim.estimate shape None"
+    ),
+    pytest.param(
+        lambda: sim.estimate("standard", pair, 3, num_trees=10), id="sim.estimate shape int"
+    ),
+    pytest.param(
+        lambda: sim.estimate("standard", pair, shape, num_trees=10, progress="x"),
+        id="sim.estimate progress str",
+    ),
+    pytest.param(
+        lambda: sim.search_shape("standard", pair, method="x"), id="sim.search_shape method"
+    ),
+    pytest.param(
+        lambda: sim.search_shape("standard", pair, objective="x"), id="sim.search_shape objective"
+    ),
+    pytest.param(
+        lambda: sim.search_shape("standard", pair, rounds=0), id="sim.search_shape rounds 0"
+    ),
+    pytest.param(
+        lambda: sim.search_shape("standard", pair, max_depth=0), id="sim.search_shape max_depth 0"
+    ),
+    pytest.param(
+        lambda: sim.search_shape("standard", pair, cost="x"), id="sim.search_shape cost str"
+    ),
+    pytest.param(
+        lambda: sim.search_shape("standard", pair, batch_size=0), id="sim.search_shape batch 0"
+    ),
+    pytest.param(lambda: sim.CostModel("a", 1.0, 1.0, 1.0), id="sim.CostModel str"),
+    pytest.param(lambda: c.verify("nope", m, d, 1.0, [d], rng()), id="c.verify unknown"),
+    pytest.param(lambda: c.verify("reflection", m, d, 0.0, [d], rng()), id="c.verify std 0"),
+    pytest.param(lambda: c.verify("reflection", m, d, -1.0, [d], rng()), id="c.verify std -1"),
+    pytest.param(
+        lambda: c.verify("reflection", m, d, float("nan"), [d], rng()), id="c.verify std nan"
+    ),
+    pytest.param(
+        lambda: c.verify("reflection", np.array([np.nan, 0, 0]), d, 1.0, [d], rng()),
+        id="c.verify mean nan",
+    ),
+    pytest.param(
+        lambda: c.verify("reflection", m, np.ones(2), 1.0, [d], rng()), id="c.verify dim mismatch"
+    ),
+    pytest.param(
+        lambda: c.verify("reflection", m, d, 1.0, [], rng()), id="c.verify children empty"
+    ),
+    pytest.param(
+        lambda: c.verify("reflection", m, d, 1.0, [np.ones(2)], rng()), id="c.verify children dim"
+    ),
+    pytest.param(lambda: c.verify("reflection", m, d, 1.0, [d], 0), id="c.verify rng int"),
+    pytest.param(lambda: c.verify("reflection", m, d, 1.0, [d], "x"), id="c.verify rng str"),
+    pytest.param(
+        lambda: c.verify("reflection", m, d, 1.0, [d, d], rng()),
+        id="c.verify children 2 reflection",
+    ),
+    pytest.param(lambda: c.sample("reflection", m, d, 1.0, 0, rng(), 10), id="c.sample nd 0"),
+    pytest.param(lambda: c.sample("reflection", m, d, 1.0, 1, rng(), 0), id="c.sample size 0"),
+    pytest.param(lambda: c.sample("reflection", m, d, 1.0, 1, rng(), -1), id="c.sample size -1"),
+    pytest.param(lambda: c.sample("reflection", m, d, 1.0, 1, rng(), "3"), id="c.sample size str"),
+    pytest.param(lambda: c.acceptance("reflection", -1.0), id="c.acceptance delta neg"),
+    pytest.param(lambda: c.acceptance("reflection", float("nan")), id="c.acceptance delta nan"),
+    pytest.param(lambda: c.acceptance("reflection", "x"), id="c.acceptance delta str"),
+    pytest.param(lambda: c.acceptance("reflection", 1.0, 0), id="c.acceptance nd 0"),
+    pytest.param(
+        lambda: c.verify_chain(np.zeros((3, 2)), np.zeros((2, 2)), 1.0, [np.zeros(2)], rng()),
+        id="c.verify_chain shapes",
+    ),
+    pytest.param(
+        lambda: c.verify_chain(np.zeros((0, 2)), np.zeros((0, 2)), 1.0, [], rng()),
+        id="c.verify_chain empty",
+    ),
+    pytest.param(
+        lambda: c.verify_block(np.zeros((2, 2)), np.zeros((1, 2)), -1.0, [np.zeros(2)], rng()),
+        id="c.verify_block std neg",
+    ),
+    pytest.param(lambda: wm.detect([1, 2, 3], "k", vocab_size=4), id="wm.detect key str"),
+    pytest.param(lambda: wm.detect([1, 2, 3], -1, vocab_size=4), id="wm.detect key neg"),
+    pytest.param(lambda: wm.detect([1, 2, 9], 1, vocab_size=4), id="wm.detect token oob"),
+    pytest.param(lambda: wm.detect("abc", 1, vocab_size=4), id="wm.detect tokens str"),
+    pytest.param(lambda: wm.detect([1, 2, 3], 1, vocab_size=4, window=0), id="wm.detect window 0"),
+    pytest.param(lambda: wm.detect([1, 2, 3], 1, vocab_size=4, start=-1), id="wm.detect start -1"),
+    pytest.param(lambda: wm.detect([1, 2, 3], 1, vocab_size=4, rows=0), id="wm.detect rows 0"),
+    pytest.param(lambda: wm.detect([1, 2, 3], 1, vocab_size=0), id="wm.detect vocab 0"),
+    pytest.param(lambda: wm.detect([1.5, 2, 3], 1, vocab_size=4), id="wm.detect tokens float"),
+    pytest.param(lambda: ss.keyed.uniforms("k", [0], [0], [0]), id="keyed.uniforms key str"),
+    pytest.param(lambda: ss.Shape.chain(True), id="Shape.chain bool"),
+    pytest.param(lambda: ss.Shape.star(2, replacement="no"), id="Shape.star repl str"),
+    pytest.param(lambda: ss.Shape.paths(2, -1), id="Shape.paths neg"),
+    pytest.param(lambda: ss.Shape.top(()), id="Shape.top empty"),
+    pytest.param(lambda: ss.Shape.greedy((0,)), id="Shape.greedy bad"),
+    pytest.param(
+        lambda: ss.DraftTree.from_draws([(5, 1)], law="iid"), id="DraftTree.from_draws bad parent"
+    ),
+    pytest.param(
+        lambda: ss.DraftTree.from_draws([(0, -1)], law="iid"), id="DraftTree.from_draws neg tok"
+    ),
+    pytest.param(lambda: ss.DraftTree.from_draws("ab", law="iid"), id="DraftTree.from_draws str"),
+    pytest.param(lambda: ss.pairs.Random(0, seed=0), id="pairs.Random vocab 0"),
+    pytest.param(lambda: ss.pairs.Random("3", seed=0), id="pairs.Random vocab str"),
+    pytest.param(lambda: ss.pairs.Random(3, seed="x"), id="pairs.Random seed str"),
+]
+
+
+@pytest.mark.parametrize("call", CALLS)
+def test_bad_input_is_refused_naming_the_argument(call) -> None:
+    with pytest.raises((ValueError, TypeError, KeyError)) as info:
+        call()
+    assert CLEAR.match(str(info.value)), f"{type(info.value).__name__}: {info.value}"
+
+
+def test_the_sweep_is_wide() -> None:
+    assert len(CALLS) >= 100
