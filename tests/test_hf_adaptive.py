@@ -403,3 +403,29 @@ def test_custom_generate_takes_the_new_options(pair):
         pad_token_id=0,
     )
     assert torch.equal(out, expected)
+
+
+@pytest.mark.slow
+def test_greedy_equals_generate_on_real_weights():
+    """SmolLM2-135M (float32; the draft its own first 6 of 30 layers, as tests/test_hf_real.py):
+    every new option at T = 0, B = 1 and B = 3, emits transformers' greedy tokens."""
+    from specsampling.gpu import hf
+
+    model, tokenizer = hf.load_model("smollm2-135m", dtype=torch.float32)
+    model.generation_config.eos_token_id = None
+    texts = ["def fibonacci(n):", "The capital of France is", "a b c a b c a b"]
+    prompts = [tokenizer(text)["input_ids"] for text in texts]
+    expected = [greedy_reference(model, p, 10) for p in prompts]
+    pad = tokenizer.pad_token_id or 0
+    ids, mask = left_pad(prompts, pad)
+    skip = LayerSkipDraft(model, list(range(6)))
+    for label, drafter, length in [
+        ("confidence + heuristic", ModelDraft(skip, confidence=0.4), HeuristicLength()),
+        ("cost model", skip, CostModelLength(max_length=8)),
+        ("mixed", MixedDraft(ModelDraft(skip, confidence=0.4)), CostModelLength(max_length=8)),
+    ]:
+        dec = SpeculativeDecoder(model, drafter, "standard", Shape.chain(4), length=length)
+        out = dec.generate(ids, attention_mask=mask, max_new_tokens=10, temperature=0)
+        assert out.sequences[:, ids.shape[1] :].tolist() == expected, label
+        alone = dec.generate(torch.tensor([prompts[0]]), max_new_tokens=10, temperature=0)
+        assert alone.sequences[0, len(prompts[0]) :].tolist() == expected[0], label
