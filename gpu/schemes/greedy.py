@@ -33,9 +33,19 @@ from .base import NodeLowering, NodeStep
 
 
 def token_mask(tokens: torch.Tensor, keep: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """``[B, V]`` bool: ``True`` at ``tokens[b, c]`` for every slot with ``keep[b, c]``."""
-    counts = torch.zeros_like(like).scatter_add(1, tokens, keep.to(like.dtype))  # [B, V]
-    return counts > 0
+    """``[B, V]`` bool: ``True`` at ``tokens[b, c]`` for every slot with ``keep[b, c]``.
+
+    One boolean scatter: dropped slots write a spare column ``V``, sliced off (no ``[B, V]``
+    float temporary).
+
+    >>> token_mask(torch.tensor([[2, 0, 2]]), torch.tensor([[True, False, True]]),
+    ...            torch.zeros(1, 4)).tolist()
+    [[False, False, True, False]]
+    """
+    vocab_size = like.shape[-1]
+    index = torch.where(keep, tokens, vocab_size)  # [B, C]
+    mask = torch.zeros(like.shape[0], vocab_size + 1, dtype=torch.bool, device=like.device)
+    return mask.scatter_(1, index, True)[:, :vocab_size]  # [B, V]
 
 
 class Greedy(NodeLowering):
