@@ -18,7 +18,10 @@ side by side in one run, taking turns within each repeat (``common.interleaved_m
   float64 tables (the rows' reference noise);
 * the numpy reference, ``ss.SCHEMES[name].verify`` looping over the rows (float64, with the
   reference's own input checks, as a caller uses it);
-* the read floor: one ``sum`` over each float32 input table.
+* the read floor: one ``sum`` over each float32 input table;
+* the ``standard`` walk of the same batch (``get_lowering("standard").walk`` on the float32
+  tables and the same noise: slot 0 at every node, the same number of levels), the yardstick of
+  the column "f32 / standard" (goal: at most 3x for the multi-candidate rules).
 
 The float64 run is also checked path-wise against the reference's verdicts (column "equal"),
 so the benchmark times the computation the tests certify. The ratios are the claim; absolute
@@ -83,6 +86,8 @@ def measure(shape: ss.Shape, batch_size: int, vocab_size: int, repeats: int, see
     )  # [B, N, V] float64 each
     target32, draft32 = target64.float(), draft64.float()  # [B, N, V]
     noise = ssg.Noise.from_reference(noises)
+    standard = ssg.get_lowering("standard")
+    assert isinstance(standard, TreeLowering)
     rows = []
     for name in usable:
         reference = ss.SCHEMES[name]
@@ -108,6 +113,8 @@ def measure(shape: ss.Shape, batch_size: int, vocab_size: int, repeats: int, see
                 name, batch, target64, draft64, noise, validate=False
             ),
             "reference": reference_loop,
+            # the check_batch of verify refuses trees for standard: its walk, on the same inputs
+            "standard": lambda: standard.walk(batch, target32, draft32, noise),
         }
         spent = interleaved_median(fns, repeats)  # seconds, median
         rows.append(
@@ -122,6 +129,7 @@ def measure(shape: ss.Shape, batch_size: int, vocab_size: int, repeats: int, see
                 sig(spent["reference"] / spent["f32"]) + "x",
                 f"{equal}/{batch_size}",
                 sig(spent["floor"] * 1e3),
+                sig(spent["f32"] / spent["standard"], 2) + "x",
             ]
         )
     mean_nodes = float(np.mean([tree.num_nodes for tree in trees]))
@@ -139,6 +147,7 @@ HEADER = [
     "lowering / reference",
     "equal (f64)",
     "read floor (ms)",
+    "f32 / standard",
 ]
 
 
@@ -187,6 +196,8 @@ over the {args.batch} rows (float64, with its input checks); "read floor" is one
 each float32 table `[B, N, V]` (the lowering reads only the rows on each walked path, so it can
 beat a full read). "lowering / reference" is the ratio of rounds per second (goal:
 >= 100x). "equal" counts rows whose float64 verdict equals the reference's (same noise).
+"f32 / standard" is the lowering's float32 time over the `standard` walk of the same batch
+(slot 0 at every node: as many levels; goal <= 3x).
 Median of {args.repeats} interleaved repeats after a warm-up.
 
 {chr(10).join(s + chr(10) for s in sections)}{keyed_text}
