@@ -86,6 +86,11 @@ def compiled_verifier(name: str):
         out = ssg.verify_chain(name, draft_tokens, target_probs, draft_probs, noise, validate=False)
         return out.tokens
 
+    # one compiled graph per scheme and size: above dynamo's default limit of 8 recompilations
+    # of this one function, after which it would silently run eagerly
+    for option in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, option):
+            setattr(torch._dynamo.config, option, max(getattr(torch._dynamo.config, option), 64))
     return torch.compile(verify, fullgraph=True)
 
 
