@@ -159,3 +159,35 @@ def test_the_margin_check_can_fail() -> None:
     tau = torch.stack([exact.node[index], wrong.node[index]], 1)
     found = margins("standard", tuple(t[index] for t in rounds), tau)
     assert float((found >= TOLERANCE).double().mean()) > 0.9
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_float32_first_token_follows_the_target(name: str) -> None:
+    """Chi-square on counts: the first emitted token of float32 rounds (fresh noise, drafts
+    sampled from the draft, V = 300 so draws cross blocks) follows p_0. Bins merged to an
+    expected count >= 5; alpha 1e-4 per scheme, a budget of 4e-4 for the four."""
+    from scipy import stats
+
+    rows = 20_000
+    g = torch.Generator().manual_seed(11)
+    vocab = 300
+    logits = 2 * torch.randn(GAMMA + 1, vocab, generator=g, dtype=torch.float64)
+    target = logits.softmax(-1).float()  # the same rows for every round
+    draft = (logits[:GAMMA] + torch.randn(GAMMA, vocab, generator=g).double()).softmax(-1)
+    draft = draft.float()
+    tokens = torch.multinomial(draft.double(), rows, replacement=True, generator=g).T
+    out = ssg.verify_chain(
+        name,
+        tokens.contiguous(),
+        target.expand(rows, -1, -1).contiguous(),
+        draft.expand(rows, -1, -1).contiguous(),
+        generator=torch.Generator().manual_seed(12),
+    )
+    counts = torch.bincount(out.tokens[:, 0], minlength=vocab).double()
+    expect = target[0].double() / target[0].double().sum() * rows
+    order = torch.argsort(expect, descending=True)
+    keep = int((expect[order] >= 5).sum())
+    observed = torch.cat([counts[order[:keep]], counts[order[keep:]].sum()[None]])
+    expected = torch.cat([expect[order[:keep]], expect[order[keep:]].sum()[None]])
+    assert float(expected[-1]) >= 5 and keep > 20
+    assert stats.chisquare(observed.numpy(), expected.numpy()).pvalue > 1e-4
