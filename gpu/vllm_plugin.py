@@ -276,7 +276,7 @@ def verify_step(
     :func:`~specsampling.gpu.verify_chain` adapter. Greedy rows (``greedy``) get one-hot targets
     (their argmax) and, with ``draft_probs``, one-hot draft rows (their drafts are argmaxes).
 
-    >>> probs = torch.tensor([[0.0, 1.0], [1.0, 0.0], [0.5, 0.5]])
+    >>> probs = torch.tensor([[0.0, 1.0], [1.0, 0.0], [1.0, 0.0]])
     >>> verify_step("standard", torch.tensor([1]), [1, 0], probs, None, None, {}).tolist()
     [[1, 0], [0, -1]]
     """
