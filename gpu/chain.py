@@ -55,8 +55,10 @@ from .schemes import tree_lowering
 from .schemes.base import TreeLowering, Verified
 from .schemes.block import Block
 from .schemes.nss import NSS
+from .schemes.resispec import ConstantRatio, ResiSpec
 from .schemes.rsd import RSD
 from .schemes.specinfer import SpecInfer
+from .schemes.spectr import SpecTr
 from .schemes.standard import Standard
 from .schemes.traversal import Traversal
 from .tree import PAD, TreeBatch
@@ -64,6 +66,27 @@ from .tree import PAD, TreeBatch
 #: Lowerings whose rule on a one-candidate chain is the standard accept/residual rule (exact
 #: types: a subclass, such as a mutant, runs its own walk).
 STANDARD_RULE: tuple[type, ...] = (Standard, SpecInfer, RSD)
+
+
+def takes_standard_rule(lowering: Any) -> bool:
+    """Whether ``lowering`` verifies a chain by the standard rule, noise lane for noise lane:
+    :data:`STANDARD_RULE`, and SpecTr and ResiSpec, whose rules on one candidate per node reduce
+    to it bit for bit (SpecTr's :math:`\rho^* = 1`; ResiSpec's policies all give
+    :math:`\rho = 1` there, except ``ConstantRatio`` with a fixed :math:`\rho`), as
+    ``tests/test_gpu_spectr_resispec.py`` and the path-wise chain tests check.
+
+    >>> from specsampling.schemes.resispec_policy import ConstantRatio as Ratio
+    >>> takes_standard_rule(ResiSpec()), takes_standard_rule(ResiSpec(Ratio(rho=1.25)))
+    (True, False)
+    """
+    kind = type(lowering)
+    if kind in STANDARD_RULE or kind is SpecTr:
+        return True
+    if kind is ResiSpec:
+        policy = lowering.policy
+        return not (isinstance(policy, ConstantRatio) and policy.rho is not None)
+    return False
+
 
 #: The chain engines of :mod:`specsampling.gpu.chain_rules`, by exact lowering type.
 CHAIN_RULES: dict[type, Any] = {NSS: NSS_CHAIN, Block: BLOCK_CHAIN, Traversal: TRAVERSAL_CHAIN}
@@ -638,7 +661,7 @@ def verify_chain(
     target_probs = target_probs.to(device)
     draft_probs = None if draft_probs is None else draft_probs.to(device)
     dtype = check_dtype(dtype, target_probs, draft_probs)
-    if type(lowering) in STANDARD_RULE and gamma > 0:
+    if takes_standard_rule(lowering) and gamma > 0:
         tables = padded_tables(draft_tokens, num_drafts, target_probs, draft_probs)
         tables = tables._replace(dtype=dtype)
         verified, _ = STANDARD_CHAIN.run(tables, noise, None if validate else 1)

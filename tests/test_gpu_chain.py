@@ -230,9 +230,14 @@ def test_zero_mass_residual_hit_descends_like_the_reference() -> None:
         tree, target[0].numpy(), np.vstack([draft[0].numpy(), [[0.5, 0.5]]]), reference
     )
     assert tuple(expect) == (1, 1)  # the hit descended: node 1, then the bonus
-    out = ssg.verify_chain("standard", draft_tokens, target, draft, noise)
-    assert (int(out.node[0]), int(out.token[0])) == (1, 1)
-    assert out.tokens.tolist() == [[0, 1]]
+    for name in ("standard", "spectr", "resispec"):  # the last two take the same engine
+        again = ss.SCHEMES[name].verify(
+            tree, target[0].numpy(), np.vstack([draft[0].numpy(), [[0.5, 0.5]]]), reference
+        )
+        assert tuple(again) == (1, 1), name
+        out = ssg.verify_chain(name, draft_tokens, target, draft, noise)
+        assert (int(out.node[0]), int(out.token[0])) == (1, 1), name
+        assert out.tokens.tolist() == [[0, 1]]
     # sync-free: one round, the row stops on the drafted token (documented)
     fast = ssg.verify_chain("standard", draft_tokens, target, draft, noise, validate=False)
     assert fast.tokens.tolist() == [[0, -1]] and int(fast.node[0]) == 0
@@ -359,6 +364,15 @@ def test_each_scheme_takes_its_chain_engine() -> None:
     for name, engine in (("nss", R.NSS_CHAIN), ("block", R.BLOCK_CHAIN)):
         assert C.CHAIN_RULES[type(ssg.get_lowering(name))] is engine
     assert C.CHAIN_RULES[type(ssg.get_lowering("traversal"))] is R.TRAVERSAL_CHAIN
+    from specsampling.gpu.schemes.resispec import ResiSpec
+    from specsampling.schemes.resispec_policy import ConstantRatio
+
+    for name in ("standard", "specinfer", "rsd", "spectr", "resispec"):
+        assert C.takes_standard_rule(ssg.get_lowering(name)), name
+    for name in ("nss", "block", "traversal", "greedy", "spechub"):
+        assert not C.takes_standard_rule(ssg.get_lowering(name)), name
+    assert not C.takes_standard_rule(ResiSpec(ConstantRatio(rho=1.25)))  # rho != 1 on chains
+    assert C.takes_standard_rule(ResiSpec(ConstantRatio()))
 
 
 class EqualRows:
@@ -391,7 +405,7 @@ class EqualRows:
 def test_rules_pathwise_at_block_boundaries_and_zero_masses(point_mass: bool) -> None:
     """Vocabularies across the 128-token blocks of the float32 draw and pairs with ``p == q``
     rows (the one place block and traversal differ on a chain): reference verdicts, float64."""
-    for name in ("nss", "block", "traversal", "standard"):
+    for name in ("nss", "block", "traversal", "standard", "spectr", "resispec"):
         for vocab, pair in ((4, EqualRows()), (300, ss.pairs.Random(300, seed=1))):
             rounds = chain_rounds(pair, np.random.default_rng(vocab), 24, point_mass)
             assert mismatches(name, rounds, point_mass) == [], (name, vocab)
