@@ -23,7 +23,9 @@ deciding that another round is needed is one host check, skipped with ``validate
 
 Which schemes take a fast path. Those whose rule on a one-candidate chain *is* the standard
 rule, noise lane for noise lane: ``standard``, ``specinfer`` and ``rsd`` (recursive rejection with
-one candidate), here; ``nss``, ``block`` and ``traversal`` have their own chain engines
+one candidate), ``spectr`` (:math:`\rho^* = 1` with one candidate) and ``resispec`` (every policy
+but a fixed-ratio ``ConstantRatio``; :func:`takes_standard_rule`), here; ``nss``, ``block`` and
+``traversal`` have their own chain engines
 (:mod:`specsampling.gpu.chain_rules`: gathered values, one fused row pass per inner position for
 block/traversal's masses, one stop row). Every other registered scheme exact on sampled chains
 runs its own lowering on a :class:`~specsampling.gpu.TreeBatch` of chains (law ``iid``).
