@@ -663,6 +663,18 @@ def verify_chain(
     target_probs = target_probs.to(device)
     draft_probs = None if draft_probs is None else draft_probs.to(device)
     dtype = check_dtype(dtype, target_probs, draft_probs)
+    if gamma == 0:  # no drafts at all (a serving step without speculation): one padding lane
+        verified = verify_chain(
+            lowering,
+            draft_tokens.new_zeros(batch_size, 1),
+            target_probs.expand(-1, 2, -1),
+            None if draft_probs is None else target_probs[:, :1],
+            Noise(noise.accept.expand(-1, 2), noise.sample.expand(-1, 2)),
+            validate=False,
+            num_draft_tokens=torch.zeros_like(num_drafts),
+            dtype=dtype,
+        )
+        return verified._replace(tokens=verified.tokens[:, :1])
     if takes_standard_rule(lowering) and gamma > 0:
         tables = padded_tables(draft_tokens, num_drafts, target_probs, draft_probs)
         tables = tables._replace(dtype=dtype)

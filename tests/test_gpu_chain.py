@@ -605,3 +605,46 @@ def test_fresh_noise_is_seeded_by_the_generator() -> None:
     assert torch.equal(runs[0].tokens, runs[1].tokens)
     assert torch.equal(runs[0].tokens, explicit.tokens)
     assert runs[0].num_emitted.tolist()[1] <= 2  # the -1 padded row has one draft
+
+
+@pytest.mark.parametrize("point_mass", [False, True], ids=["draft_probs", "point_mass"])
+def test_a_step_without_any_draft_lane_emits_the_reference_bonus(point_mass: bool) -> None:
+    """``γ = 0`` (a serving step where no request drafted): every chain scheme emits one token,
+    the reference's verdict on a root-only tree (it raised on the tree walk before)."""
+    batch_size, vocab = 5, 7
+    generator = torch.Generator().manual_seed(3)
+    target = torch.rand(batch_size, 1, vocab, generator=generator, dtype=torch.float64)
+    target /= target.sum(-1, keepdim=True)
+    draft = None if point_mass else torch.zeros(batch_size, 0, vocab, dtype=torch.float64)
+    noise = ssg.Noise(
+        torch.rand(batch_size, 1, generator=generator, dtype=torch.float64),
+        torch.rand(batch_size, 1, generator=generator, dtype=torch.float64),
+    )
+    root = ss.DraftTree.chain([], law="iid")
+    names = [n for n, low in ssg.SCHEMES.items() if isinstance(low, ssg.schemes.TreeLowering)]
+    for name in names:
+        if not ss.SCHEMES[name].exact_for(ss.DrawLaw.IID, True):
+            continue
+        out = ssg.verify_chain(
+            name, torch.zeros(batch_size, 0, dtype=torch.long), target, draft, noise
+        )
+        expect = [
+            tuple(
+                ss.SCHEMES[name].verify(
+                    root,
+                    target[b].numpy(),
+                    target[b].numpy(),
+                    ss.Noise(noise.accept[b].numpy(), noise.sample[b].numpy()),
+                )
+            )
+            for b in range(batch_size)
+        ]
+        assert [(int(n), int(t)) for n, t in zip(out.node, out.token, strict=True)] == expect, name
+        assert out.tokens.shape == (batch_size, 1) and out.num_emitted.tolist() == [1] * 5
+        low = ssg.verify_chain(
+            name,
+            torch.zeros(batch_size, 0, dtype=torch.long),
+            target.float(),
+            None if draft is None else draft.float(),
+        )
+        assert ((low.token >= 0) & (low.token < vocab)).all(), name
