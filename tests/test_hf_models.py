@@ -334,6 +334,19 @@ def test_unknown_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert _files(tmp_path) == []
 
 
+def test_a_cache_root_that_cannot_be_made_names_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--cache`` under a regular file (or /proc) cannot be created: the error names the flag
+    before anything is fetched (it used to be a bare "[Errno 20] Not a directory")."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert main(["--cache", str(blocker / "cache"), "fetch", "smollm2-135m"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("specsampling models fetch: --cache: cannot create "), err
+    assert str(blocker / "cache") in err
+
+
 def test_bad_dtype_and_device_fail_before_any_download(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(models, "fetch", lambda *a, **k: pytest.fail("fetched"))
     bad_dtypes: list[Any] = [torch.int8, "int4", "float", None]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -479,6 +480,17 @@ def models_main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(
             f"specsampling models fetch: unknown model {args.name!r}; known: {known}\n"
         )
+        return 2
+    try:  # a cache root that cannot be made is the --cache argument's problem, said before work
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        sys.stderr.write(
+            f"specsampling models fetch: --cache: cannot create {str(cache)!r}: "
+            f"{err.strerror or err}\n"
+        )
+        return 2
+    if not os.access(cache, os.W_OK):
+        sys.stderr.write(f"specsampling models fetch: --cache: {str(cache)!r} is not writable\n")
         return 2
     start = time.perf_counter()
     try:
