@@ -427,29 +427,13 @@ def locate_chain_defect(
 ) -> None:
     """Raise :class:`~specsampling.InvalidDistribution` for the first defect, naming the
     argument (several host synchronisations: only run once a defect is known)."""
-    batch_size, gamma = draft_tokens.shape
+    gamma = draft_tokens.shape[1]
     device = draft_tokens.device
+    check_chain_shapes(draft_tokens, target_probs, draft_probs, noise)  # types, shapes, V
     tables = [("target_probs", target_probs, gamma + 1)]  # real rows: lanes <= n_b
     if draft_probs is not None:
         tables.append(("draft_probs", draft_probs, gamma))  # real rows: lanes < n_b
-    for name, table, rows in tables:
-        if not isinstance(table, torch.Tensor) or not table.is_floating_point():
-            raise InvalidDistribution(
-                f"{name}: expected a float tensor of shape ({batch_size}, {rows}, vocab_size), "
-                f"got {type(table).__name__}"
-                + (f" of dtype {table.dtype}" if isinstance(table, torch.Tensor) else "")
-            )
-        if table.ndim != 3 or tuple(table.shape[:2]) != (batch_size, rows) or not table.shape[2]:
-            raise InvalidDistribution(
-                f"{name}: expected shape ({batch_size}, {rows}, vocab_size), got "
-                f"{tuple(table.shape)}"
-            )
     vocab_size = int(target_probs.shape[2])
-    if draft_probs is not None and draft_probs.shape[2] != vocab_size:
-        raise InvalidDistribution(
-            f"draft_probs: vocabulary mismatch, {draft_probs.shape[2]} columns but vocab_size "
-            f"is {vocab_size}"
-        )
     lanes = torch.arange(gamma + 1, device=device)  # [γ + 1]
     real_nodes = lanes[None, :] <= num_drafts[:, None]  # [B, γ + 1]
     real = real_nodes[:, 1:]  # [B, γ]
