@@ -18,13 +18,13 @@ import argparse
 import json
 import math
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from specsampling.compare import parse_shape
 from specsampling.errors import InvalidDistribution, UnsupportedShape
+from specsampling.validation import check_output_dir, check_output_file
 
 
 def _number(text: str, integer: bool) -> float:
@@ -248,15 +248,6 @@ def parser() -> argparse.ArgumentParser:
     return made
 
 
-def _writable_dir(folder: Path, option: str) -> None:
-    """Refuse ``folder`` unless a file can be created in it."""
-    try:
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as err:
-        raise ValueError(f"{option}: cannot write into {str(folder)!r}: {err.strerror}") from None
-
-
 def check(args: argparse.Namespace) -> None:
     """The checks that need more than one option, or the file system, before any work:
     ``ValueError`` naming the option."""
@@ -272,21 +263,9 @@ def check(args: argparse.Namespace) -> None:
     if args.cost is not None and args.cost_ratio is not None:
         raise ValueError("--cost-ratio: give --cost or --cost-ratio, not both")
     if args.json:
-        target = Path(args.json)
-        if target.is_dir():
-            raise ValueError(f"--json: {args.json!r} is a directory")
-        if not target.parent.is_dir():
-            raise ValueError(f"--json: no directory {str(target.parent)!r} to write into")
-        _writable_dir(target.parent, "--json")
+        check_output_file(args.json, "--json")
     if args.plots:
-        folder = Path(args.plots)
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise ValueError(
-                f"--plots: cannot make the directory {args.plots!r}: {err.strerror}"
-            ) from None
-        _writable_dir(folder, "--plots")
+        check_output_dir(args.plots, "--plots", create=True)
     from .estimators import resolve
     from .search import FAMILIES
 

@@ -574,9 +574,7 @@ def record(
     shape = check_shape(shape)
     if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
         raise ValueError(f"keep: expected None (full) or an integer >= 1, got {keep!r}")
-    folder = Path(path).parent
-    if not folder.is_dir():
-        raise ValueError(f"path: the folder {folder} does not exist")
+    ss.validation.check_output_file(path, "path")  # before any model is loaded
     names = {}
     if isinstance(target, str):
         names["target"] = target

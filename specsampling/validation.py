@@ -12,10 +12,13 @@ sums to 1 only within about 1e-6 to 3e-3) pass with a stated ``tolerance``, e.g.
 from __future__ import annotations
 
 import math
+import os
+import tempfile
 from collections.abc import Mapping
 from decimal import Decimal
 from fractions import Fraction
 from numbers import Complex, Integral, Real
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -280,6 +283,56 @@ def check_positive_int(value: Any, name: str, minimum: int = 1) -> int:
     if value < minimum:
         raise ValueError(f"{name}: expected an integer >= {minimum}, got {value}")
     return int(value)
+
+
+def check_output_dir(folder: Any, name: str, create: bool = False) -> Path:
+    """Validate a folder that files will be written into, before any work: it exists (made,
+    parents included, when ``create``), is a folder, and a file can be created in it. Every
+    refusal is a ``ValueError`` naming the argument.
+
+    >>> check_output_dir("/no/such/folder", "--plots")
+    Traceback (most recent call last):
+    ...
+    ValueError: --plots: no directory '/no/such/folder' to write into
+    """
+    if isinstance(folder, bytes) or not isinstance(folder, (str, os.PathLike)):
+        raise ValueError(f"{name}: expected a path, got {_what(folder)}")
+    path = Path(folder)
+    if create:
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ValueError(
+                f"{name}: cannot make the directory {str(path)!r}: {err.strerror or err}"
+            ) from None
+    if not path.is_dir():
+        raise ValueError(f"{name}: no directory {str(path)!r} to write into")
+    try:
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as err:
+        raise ValueError(
+            f"{name}: cannot write into {str(path)!r}: {err.strerror or err}"
+        ) from None
+    return path
+
+
+def check_output_file(target: Any, name: str) -> Path:
+    """Validate the path of a file to be written, before any work: not a folder, in a folder
+    that exists and can be written into (:func:`check_output_dir`). Returns it as a ``Path``.
+
+    >>> check_output_file(".", "--json")
+    Traceback (most recent call last):
+    ...
+    ValueError: --json: '.' is a directory
+    """
+    if isinstance(target, bytes) or not isinstance(target, (str, os.PathLike)):
+        raise ValueError(f"{name}: expected a path, got {_what(target)}")
+    path = Path(target)
+    if path.is_dir():
+        raise ValueError(f"{name}: {str(target)!r} is a directory")
+    check_output_dir(path.parent, name)
+    return path
 
 
 def as_real_array(values: Any, name: str) -> tuple[Probs, bool]:

@@ -262,3 +262,26 @@ def test_bad_input_is_refused_naming_the_argument(call) -> None:
 
 def test_the_sweep_is_wide() -> None:
     assert len(CALLS) >= 100
+
+
+def test_output_paths_are_refused_the_same_way_on_every_surface(tmp_path, capsys) -> None:
+    """One check per kind of output path (``check_output_file``/``check_output_dir``): the
+    simulators' ``record`` and CLI, and ``models fetch --cache``, refuse a path under a regular
+    file before any work, each naming its own argument."""
+    from specsampling.gpu.hf.cli import models_main
+    from specsampling.simulators.cli import main as simulate_main
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(ValueError, match=r"^path: no directory .* to write into"):
+        sim.record(
+            "no-such-model", "no-such-model", ["x"], blocker / "trees.npz", shape=ss.Shape.chain(2)
+        )
+    with pytest.raises(ValueError, match=r"^path: expected a path, got int 3"):
+        ss.validation.check_output_file(3, "path")
+    assert simulate_main(["--json", str(blocker / "out.json")]) == 2
+    assert "--json: no directory" in capsys.readouterr().err
+    assert simulate_main(["--plots", str(blocker / "plots")]) == 2
+    assert "--plots: cannot make the directory" in capsys.readouterr().err
+    assert models_main(["--cache", str(blocker / "cache"), "fetch", "smollm2-135m"]) == 2
+    assert "--cache: cannot make the directory" in capsys.readouterr().err

@@ -343,7 +343,7 @@ def test_a_cache_root_that_cannot_be_made_names_the_flag(
     blocker.write_text("")
     assert main(["--cache", str(blocker / "cache"), "fetch", "smollm2-135m"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("specsampling models fetch: --cache: cannot create "), err
+    assert err.startswith("specsampling models fetch: --cache: cannot make the directory "), err
     assert str(blocker / "cache") in err
 
 

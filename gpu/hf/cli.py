@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -40,6 +39,7 @@ from specsampling.gpu.hf import (
     load_model,
 )
 from specsampling.gpu.hf import models as _models
+from specsampling.validation import check_output_dir
 
 #: The dtypes ``decode`` loads the models in.
 DTYPES = ("bfloat16", "float32", "float64")
@@ -482,15 +482,9 @@ def models_main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     try:  # a cache root that cannot be made is the --cache argument's problem, said before work
-        cache.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        sys.stderr.write(
-            f"specsampling models fetch: --cache: cannot create {str(cache)!r}: "
-            f"{err.strerror or err}\n"
-        )
-        return 2
-    if not os.access(cache, os.W_OK):
-        sys.stderr.write(f"specsampling models fetch: --cache: {str(cache)!r} is not writable\n")
+        check_output_dir(cache, "--cache", create=True)
+    except ValueError as err:
+        sys.stderr.write(f"specsampling models fetch: {err}\n")
         return 2
     start = time.perf_counter()
     try:
