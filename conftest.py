@@ -12,6 +12,7 @@ has a deadline.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -37,10 +38,36 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 
+LONG_CASES = Path(__file__).resolve().parent / "tests" / "long_cases.txt"
+
+
+def long_cases(path: Path = LONG_CASES) -> set[str]:
+    """The node ids listed in ``tests/long_cases.txt`` (one per line, ``#`` comment lines)."""
+    lines = (line.strip() for line in path.read_text().splitlines())
+    return {line for line in lines if line and not line.startswith("#")}
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect ``slow`` tests unless a marker expression is given (``-m slow`` selects them):
-    the default run stays short, and nothing long is skipped silently (they count as
-    deselected)."""
+    """Mark the cases of ``tests/long_cases.txt`` ``slow``, then deselect ``slow`` tests unless a
+    marker expression is given (``-m slow`` selects them): the default run stays short, and
+    nothing long is skipped silently (they count as deselected).
+
+    Runs first, so ``-m``/``-k`` see the added marks on every collected item; when the whole suite
+    was collected (no paths on the command line), an id of the list that no test has any more is
+    a usage error, so a renamed test cannot silently move back into the default run."""
+    listed = long_cases()
+    collected = {item.nodeid for item in items}
+    if config.args_source == pytest.Config.ArgsSource.TESTPATHS and not config.getoption("-k"):
+        stale = sorted(listed - collected)
+        if stale:
+            raise pytest.UsageError(
+                f"{LONG_CASES.name} lists {len(stale)} node id(s) that no test has: "
+                + ", ".join(stale[:5])
+            )
+    for item in items:
+        if item.nodeid in listed:
+            item.add_marker(pytest.mark.slow)
     if config.getoption("-m"):
         return
     slow = [item for item in items if item.get_closest_marker("slow") is not None]
