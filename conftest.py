@@ -12,6 +12,7 @@ has a deadline.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -61,10 +62,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if config.args_source == pytest.Config.ArgsSource.TESTPATHS and not config.getoption("-k"):
         stale = sorted(listed - collected)
         if stale:
-            raise pytest.UsageError(
+            message = (
                 f"{LONG_CASES.name} lists {len(stale)} node id(s) that no test has: "
                 + ", ".join(stale[:5])
             )
+            if os.environ.get("PYTEST_XDIST_WORKER") == "gw0":
+                # xdist reports a worker's collection error as a crash without its text
+                print(f"ERROR: {message}", file=sys.stderr, flush=True)
+            raise pytest.UsageError(message)
     for item in items:
         if item.nodeid in listed:
             item.add_marker(pytest.mark.slow)

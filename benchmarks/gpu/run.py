@@ -347,6 +347,8 @@ is branch-free, so its cost does not depend on what is accepted.
 
     def run_tests(self, top: Path | None) -> None:
         command = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider"]
+        # one process, without the project's xdist options (the GPU image may lack pytest-xdist)
+        command += ["-o", "addopts=--import-mode=importlib"]
         env = dict(os.environ)
         if top is None:
             cwd, command = ROOT, [*command, *self.args.test_paths]
