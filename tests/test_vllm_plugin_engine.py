@@ -55,6 +55,13 @@ LAW_PROMPT = "a b c d a b c d a b c d a b c d a b c"
 #: target's and the residual path runs.
 DRAFT_SCALE = 0.6
 PENALTIES = {"repetition_penalty": 1.3, "presence_penalty": 0.4, "frequency_penalty": 0.2}
+#: vLLM's n-gram proposer: 3 drafts a step, prompt lookup of 1 to 3 tokens.
+NGRAM = {
+    "method": "ngram",
+    "num_speculative_tokens": 3,
+    "prompt_lookup_max": 3,
+    "prompt_lookup_min": 1,
+}
 #: Lengths that end requests inside a draft (3 drafts a step) as well as on its bonus token.
 SHORT_LENGTHS = (1, 2, 5, 6, 7, 11)
 
@@ -166,12 +173,7 @@ def engine(reference):
     os.environ["SPECSAMPLING_VLLM_SCHEME"] = "standard"
     try:
         llm = _engine(
-            speculative_config={
-                "method": "ngram",
-                "num_speculative_tokens": 3,
-                "prompt_lookup_max": 3,
-                "prompt_lookup_min": 1,
-            },
+            speculative_config=NGRAM,
             worker_extension_cls=EXTENSION,
         )
     finally:
@@ -395,12 +397,7 @@ def test_tensor_parallel_workers_all_verify_and_greedy_equals_plain(reference):
         llm = _engine(
             tensor_parallel_size=TENSOR_PARALLEL,
             distributed_executor_backend="mp",
-            speculative_config={
-                "method": "ngram",
-                "num_speculative_tokens": 3,
-                "prompt_lookup_max": 3,
-                "prompt_lookup_min": 1,
-            },
+            speculative_config=NGRAM,
             worker_extension_cls="specsampling.gpu.vllm_plugin.WorkerExtension",
         )
     finally:
