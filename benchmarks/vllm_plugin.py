@@ -67,12 +67,15 @@ def _read_timer(worker):
     return dict(stats)
 
 
+#: vLLM's own counters of drafted and accepted tokens.
+COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_accepted_tokens")
+
+
 def _counters(llm):
-    names = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_accepted_tokens")
-    return {m.name: getattr(m, "value", 0) for m in llm.get_metrics() if m.name in names}
+    return {m.name: getattr(m, "value", 0) for m in llm.get_metrics() if m.name in COUNTERS}
 
 
-def _run(vllm, llm, prompts, params, scheme):
+def _run(llm, prompts, params, scheme):
     llm.collective_rpc("specsampling_install", args=(scheme,))
     llm.collective_rpc(_timer)
     before = _counters(llm)
@@ -82,10 +85,7 @@ def _run(vllm, llm, prompts, params, scheme):
     after = _counters(llm)
     (timer,) = llm.collective_rpc(_read_timer)
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    drafts, accepted = (
-        after.get(name, 0) - before.get(name, 0)
-        for name in ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_accepted_tokens")
-    )
+    drafts, accepted = (after.get(name, 0) - before.get(name, 0) for name in COUNTERS)
     return {
         "tokens_per_s": tokens / wall,
         "mean_accepted_length": 1 + accepted / drafts if drafts else float("nan"),
@@ -143,15 +143,15 @@ def main() -> None:
         ours = SAMPLERS if temperature == 0 else SAMPLERS[1:]
         runs: dict[str | None, list[dict[str, float]]] = {s: [] for s in ours}
         for scheme in ours:  # warm-up, not counted
-            _run(vllm, llm, prompts[:2], params, scheme)
+            _run(llm, prompts[:2], params, scheme)
         for _ in range(args.repeats):
             for scheme in ours:
-                runs[scheme].append(_run(vllm, llm, prompts, params, scheme))
+                runs[scheme].append(_run(llm, prompts, params, scheme))
         result = {scheme: _medians(values) for scheme, values in runs.items()}
         if temperature > 0:  # vLLM's own lossy sampled path last: it may bring the worker down
             try:
                 result[None] = _medians(
-                    [_run(vllm, llm, prompts, params, None) for _ in range(args.repeats)]
+                    [_run(llm, prompts, params, None) for _ in range(args.repeats)]
                 )
             except Exception as error:  # recorded as what it is
                 print(f"vLLM's own sampler at T = 1 failed: {error!r}", file=sys.stderr)

@@ -100,18 +100,23 @@ def _draft_dir(root):
     return str(target)
 
 
-def _engine(**kwargs):
+def _engine(env=None, **kwargs):
+    """A SmolLM2-135M engine; ``env``: variables set only while it starts (vLLM's spawned
+    processes inherit them), the test process's own restored after."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    return vllm.LLM(
-        model=_model_dir(),
-        dtype="float32",
-        enforce_eager=True,
-        max_model_len=512,
-        max_num_seqs=64,
-        seed=0,
-        disable_log_stats=True,
-        **kwargs,
-    )
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in (env or {}).items():
+            patch.setenv(name, value)
+        return vllm.LLM(
+            model=_model_dir(),
+            dtype="float32",
+            enforce_eager=True,
+            max_model_len=512,
+            max_num_seqs=64,
+            seed=0,
+            disable_log_stats=True,
+            **kwargs,
+        )
 
 
 def _shutdown(llm):
@@ -170,14 +175,11 @@ def _extra_params(greedy):
 def engine(reference):
     """Speculative decoding with n-gram drafts; the entry point is active (SPECSAMPLING_VLLM_SCHEME
     reaches vLLM's spawned processes through the environment)."""
-    os.environ["SPECSAMPLING_VLLM_SCHEME"] = "standard"
-    try:
-        llm = _engine(
-            speculative_config=NGRAM,
-            worker_extension_cls=EXTENSION,
-        )
-    finally:
-        del os.environ["SPECSAMPLING_VLLM_SCHEME"]
+    llm = _engine(
+        {"SPECSAMPLING_VLLM_SCHEME": "standard"},
+        speculative_config=NGRAM,
+        worker_extension_cls=EXTENSION,
+    )
     yield llm
     _shutdown(llm)
 
@@ -191,19 +193,16 @@ EXTENSION = "proofs_tests.vllm_mutants.MutantExtension"
 def draft_engine(reference, tmp_path_factory):
     """Speculative decoding with a draft model whose drafts are sampled
     (``draft_sample_method="probabilistic"``: vLLM passes their ``draft_probs``)."""
-    os.environ["SPECSAMPLING_VLLM_SCHEME"] = "standard"
-    try:
-        llm = _engine(
-            speculative_config={
-                "method": "draft_model",
-                "model": _draft_dir(tmp_path_factory.mktemp("vllm")),
-                "num_speculative_tokens": 3,
-                "draft_sample_method": "probabilistic",
-            },
-            worker_extension_cls=EXTENSION,
-        )
-    finally:
-        del os.environ["SPECSAMPLING_VLLM_SCHEME"]
+    llm = _engine(
+        {"SPECSAMPLING_VLLM_SCHEME": "standard"},
+        speculative_config={
+            "method": "draft_model",
+            "model": _draft_dir(tmp_path_factory.mktemp("vllm")),
+            "num_speculative_tokens": 3,
+            "draft_sample_method": "probabilistic",
+        },
+        worker_extension_cls=EXTENSION,
+    )
     yield llm
     _shutdown(llm)
 
@@ -390,22 +389,13 @@ def test_tensor_parallel_workers_all_verify_and_greedy_equals_plain(reference):
     fewer NUMA nodes than workers the binding must be given (``VLLM_CPU_OMP_THREADS_BIND``)."""
     cores = sorted(os.sched_getaffinity(0))
     binding = "|".join(str(cores[i % len(cores)]) for i in range(TENSOR_PARALLEL))
-    names = ("SPECSAMPLING_VLLM_SCHEME", "VLLM_CPU_OMP_THREADS_BIND")
-    saved = {name: os.environ.get(name) for name in names}
-    os.environ.update(SPECSAMPLING_VLLM_SCHEME="block", VLLM_CPU_OMP_THREADS_BIND=binding)
-    try:
-        llm = _engine(
-            tensor_parallel_size=TENSOR_PARALLEL,
-            distributed_executor_backend="mp",
-            speculative_config=NGRAM,
-            worker_extension_cls="specsampling.gpu.vllm_plugin.WorkerExtension",
-        )
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    llm = _engine(
+        {"SPECSAMPLING_VLLM_SCHEME": "block", "VLLM_CPU_OMP_THREADS_BIND": binding},
+        tensor_parallel_size=TENSOR_PARALLEL,
+        distributed_executor_backend="mp",
+        speculative_config=NGRAM,
+        worker_extension_cls="specsampling.gpu.vllm_plugin.WorkerExtension",
+    )
     try:
         assert llm.collective_rpc("specsampling_scheme") == ["block"] * TENSOR_PARALLEL
         greedy = vllm.SamplingParams(temperature=0, max_tokens=64)
