@@ -262,7 +262,7 @@ class TreeDrafter:
 
     def top_token(self, probs: torch.Tensor) -> torch.Tensor:
         """The most probable token per row, ties to the lowest id (``[B]``)."""
-        return probs.argmax(-1)  # torch.argmax returns the first maximal index
+        return ops.argmax_blocks(probs)  # torch.argmax's index: the first maximum
 
     def finish(self) -> TreeBatch:
         """The drafted trees, node ids assigned in step order (the reference's), with the

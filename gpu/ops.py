@@ -13,6 +13,8 @@ each row. No host synchronisation, no loop over rows or the vocabulary.
 * :func:`block_sums`, :func:`categorical_blocks` -- the float32 inverse CDF in two levels
   (sums of 128-token blocks, then one block), never normalising and never materialising a
   ``[B, V]`` cumulative sum or a float64 copy of a row.
+* :func:`argmax_blocks` -- ``torch.argmax`` over the last axis in the same two levels (block
+  maxima, then one block): the same index, several times faster on CPU.
 
 Dtype rule: distributions are computed in :func:`compute_dtype` (float64 for float64 input, at
 least float32 otherwise); uniforms are float64 and every comparison with them is in float64.
@@ -316,3 +318,32 @@ def categorical_blocks_or(
     index, inside = block_index(block, weights.shape[-1])  # [N, 128]
     values = torch.where(choose, fallback.gather(1, index), weights.gather(1, index))
     return pick_in_block(block, torch.where(inside, values, 0.0), rest)
+
+
+def argmax_blocks(values: torch.Tensor) -> torch.Tensor:
+    """``values.argmax(-1)`` for ``values [..., V]`` (the lowest index of each row's maximum;
+    NaN counts as the maximum, as in torch), found in two levels: the maxima of 128-token blocks
+    (one vectorised read of the rows), the first block holding the row's maximum, then the first
+    maximum inside that block. The same index as :func:`torch.argmax` (ties included), which on
+    CPU reduces element by element and is 4-7x slower at V = 32k-152k.
+
+    >>> argmax_blocks(torch.tensor([[0.0, 2.0, 1.0, 2.0], [-1.0, -3.0, -1.0, -2.0]]))
+    tensor([1, 0])
+    >>> values = torch.zeros(2, 300)
+    >>> values[0, [7, 200]] = 1.0
+    >>> values[1, 299] = 1.0
+    >>> argmax_blocks(values).tolist()
+    [7, 299]
+    """
+    vocab = values.shape[-1]
+    full = vocab - vocab % CDF_BLOCK
+    if full == 0 or values.numel() == 0:
+        return values.argmax(-1)
+    rows = values.reshape(-1, vocab)  # [N, V]
+    maxima = rows[:, :full].unflatten(-1, (full // CDF_BLOCK, CDF_BLOCK)).amax(-1)  # [N, nb]
+    if full < vocab:
+        maxima = torch.cat([maxima, rows[:, full:].amax(-1, keepdim=True)], -1)
+    block = maxima.argmax(-1)  # [N] the first block holding the maximum
+    index, _ = block_index(block, vocab)  # [N, 128]; lanes past V repeat token V - 1, after it
+    inner = rows.gather(1, index).argmax(-1)  # [N]
+    return (block * CDF_BLOCK + inner).reshape(values.shape[:-1])

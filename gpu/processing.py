@@ -149,7 +149,7 @@ def process(
     if drop is not None or exact:  # float64 renormalises as the reference does, bit for bit
         probs.div_(_row_sum(probs))
     if not (temperature.host and temperature.host_min > 0):  # some rows may be T = 0
-        top = x.argmax(-1, keepdim=True)  # [R, 1]
+        top = ops.argmax_blocks(x)[:, None]  # [R, 1]
         probs.masked_fill_(greedy, 0.0)  # [R, V], in place: a one-hot on greedy rows
         probs.scatter_(-1, top, torch.where(greedy, 1.0, probs.gather(-1, top)))
     return probs.reshape(logits.shape)
@@ -363,7 +363,7 @@ def _top_k_from_kth(probs: torch.Tensor, counts: torch.Tensor, kth: torch.Tensor
 
 def _one_hot_argmax(x: torch.Tensor) -> torch.Tensor:
     """One-hot on the first maximum of every row of ``x [R, V]`` (torch.argmax: first maximum)."""
-    return torch.zeros_like(x).scatter_(-1, x.argmax(-1, keepdim=True), 1.0)  # [R, V]
+    return torch.zeros_like(x).scatter_(-1, ops.argmax_blocks(x)[:, None], 1.0)  # [R, V]
 
 
 def _as_logits(logits: Any) -> torch.Tensor:

@@ -35,6 +35,7 @@ import torch
 
 from specsampling.errors import InvalidDistribution
 
+from . import ops
 from .api import TOLERANCE, raise_row_defect
 from .chain import STANDARD_CHAIN, ChainTables
 from .noise import Noise, check_generator
@@ -122,7 +123,7 @@ def rejection_sample(
     draft_tokens = torch.where(real, draft_token_ids.to(device).long()[index[:, :width]], 0)
     target = target_probs
     if all_greedy:
-        best = target_probs.argmax(-1, keepdim=True)  # [T, 1]
+        best = ops.argmax_blocks(target_probs)[:, None]  # [T, 1]
         target = torch.zeros_like(target_probs).scatter_(1, best, 1.0)  # [T, V]
         draft_probs = None
     dtype = torch.promote_types(torch.float32, target.dtype)

@@ -26,15 +26,19 @@ its ``sampling_metadata``. We
    ``_expand_kernel_impl`` in ``vllm/utils/cpu_triton_utils.py``, writes into an int64 copy and
    never copies back, so its temperature/top-k/top-p at draft rows are uninitialised memory:
    the reason vLLM's own sampled speculative decoding is lossy on that build); greedy requests
-   (temperature 0) get the one-hot of their processed logits' argmax (lowest id on ties);
-2. lay the rows out as padded chains (:func:`chain_layout`): ``draft_tokens [B, γ]``,
-   ``target_probs [B, γ + 1, V]`` (softmax in float32; row :math:`n_b` is the bonus row),
-   ``draft_probs [B, γ, V]`` (greedy requests' rows replaced by the one-hot of their argmax draft,
-   the law they were drawn from) or ``None``;
-3. verify with :func:`~specsampling.gpu.verify_chain` and float64 noise from each seeded
-   request's own generator (:func:`request_noise`: :math:`n_b` accept and :math:`n_b + 1`
-   sample uniforms, so its tokens never depend on its batch neighbours), the others sharing one
-   draw;
+   (temperature 0) take the argmax of their processed logits (lowest id on ties,
+   :func:`~specsampling.gpu.ops.argmax_blocks`);
+2. verify greedy requests by :func:`greedy_verdicts` (every exact scheme's verdict against a
+   point-mass target: no ``[., V]`` table is built, and a step where every request is greedy
+   never forms probabilities); lay the sampled ones out as padded chains
+   (:func:`chain_layout`): ``draft_tokens [B, γ]`` and row maps into the flat float32
+   ``softmax`` table ``[T + B, V]`` (the standard-rule schemes read it in place;
+   the other schemes get ``target_probs [B, γ + 1, V]``, row :math:`n_b` the bonus row, and
+   ``draft_probs [B, γ, V]`` or ``None``);
+3. verify with the chain engines of :func:`~specsampling.gpu.verify_chain` and float64 noise
+   from each seeded request's own generator (:func:`request_noise`: :math:`n_b` accept and
+   :math:`n_b + 1` sample uniforms, so its tokens never depend on its batch neighbours), the
+   others sharing one draw;
 4. return vLLM's ``SamplerOutput``: int32 ``[B, γ + 1]`` padded with ``-1``, and logprobs from
    vLLM's own ``_get_logprobs_tensors`` (raw or processed, as the engine is configured).
 
@@ -72,10 +76,12 @@ import torch
 from specsampling.errors import UnsupportedShape
 from specsampling.tree import DrawLaw
 
-from .chain import verify_chain
+from . import ops
+from .chain import STANDARD_CHAIN, ChainTables, takes_standard_rule, verify_chain
 from .noise import Noise
 from .schemes import SCHEMES as LOWERINGS
 from .schemes import tree_lowering
+from .tree import PAD
 
 #: The environment variable that switches the plugin on (a scheme name) in every vLLM process.
 ENV_SCHEME = "SPECSAMPLING_VLLM_SCHEME"
@@ -262,54 +268,119 @@ def one_hot_rows(probs: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor) 
     return torch.where(rows[..., None], hot, probs)
 
 
+def greedy_verdicts(
+    draft_tokens: torch.Tensor, num_drafts: torch.Tensor, best: torch.Tensor
+) -> torch.Tensor:
+    """Every exact scheme's verdict against point-mass targets, ``[B, γ + 1]`` (``-1`` padded):
+    the drafts while they equal the target's token ``best [B, γ + 1]`` (lane ``i``: after ``i``
+    drafts), then the target's token at the first mismatch (or after the last draft).
+
+    A lossless verifier's output has the target's law; with a point-mass target at every
+    position that law is one sequence, so the tokens are forced, and each exact scheme accepts
+    a draft its target gives probability 1 (checked against :func:`verify_chain` for every
+    scheme of :data:`SCHEMES` in the tests). No ``[., V]`` table is read.
+
+    >>> greedy_verdicts(torch.tensor([[4, 5, 6], [1, 0, 0]]), torch.tensor([3, 1]),
+    ...                 torch.tensor([[4, 2, 6, 9], [3, 7, 7, 7]])).tolist()
+    [[4, 2, -1, -1], [3, -1, -1, -1]]
+    """
+    batch_size, width = draft_tokens.shape
+    lanes = torch.arange(width + 1, device=draft_tokens.device)[None, :]  # [1, γ + 1]
+    agree = (lanes[:, :width] < num_drafts[:, None]) & (draft_tokens == best[:, :width])
+    num_accepted = agree.to(torch.long).cumprod(-1).sum(-1, keepdim=True)  # [B, 1]
+    drafts = torch.cat([draft_tokens, draft_tokens.new_zeros(batch_size, 1)], 1)  # [B, γ + 1]
+    tokens = torch.where(lanes < num_accepted, drafts, PAD)  # [B, γ + 1]
+    return torch.where(lanes == num_accepted, best.gather(1, num_accepted), tokens)
+
+
 def verify_step(
     scheme: str,
     draft_token_ids: torch.Tensor,  # [T]
     num_draft_tokens: Sequence[int],
-    probs: torch.Tensor,  # [T + B, V] processed target probabilities, drafts then bonus
+    probs: torch.Tensor | None,  # [T + B, V] processed target probabilities, drafts then bonus
     draft_probs: torch.Tensor | None,  # [T, V]
     greedy: torch.Tensor | None,  # [B] bool
     generators: Mapping[int, torch.Generator],
     validate: bool = False,
+    *,
+    argmax: torch.Tensor | None = None,  # [T + B] long
 ) -> torch.Tensor:
     """One vLLM step's verdicts, int32 ``[B, γ + 1]`` padded with ``-1``: the metadata ->
-    :func:`~specsampling.gpu.verify_chain` adapter. Greedy rows (``greedy``) get one-hot targets
-    (their argmax) and, with ``draft_probs``, one-hot draft rows (their drafts are argmaxes).
+    :func:`~specsampling.gpu.verify_chain` adapter.
+
+    Greedy requests (``greedy [B]``; every request when ``probs`` is ``None``) verify against
+    the point mass on ``argmax [T + B]`` (the argmax of their processed logits; by default of
+    ``probs``) with :func:`greedy_verdicts`. The others verify with ``scheme`` on padded chains:
+    the standard-rule schemes (``standard``, ``specinfer``, ``rsd``; ``spectr`` and ``resispec``
+    reduce to it on chains) read vLLM's flat tables in place through row maps
+    (``validate=False``), the other schemes on gathered ``[B, γ + 1, V]`` tables.
 
     >>> probs = torch.tensor([[0.0, 1.0], [1.0, 0.0], [1.0, 0.0]])
     >>> verify_step("standard", torch.tensor([1]), [1, 0], probs, None, None, {}).tolist()
     [[1, 0], [0, -1]]
+    >>> verify_step("block", torch.tensor([1]), [1, 0], None, None, None, {},
+    ...             argmax=torch.tensor([1, 1, 0])).tolist()
+    [[1, 1], [0, -1]]
     """
-    device = probs.device
     counts = [int(n) for n in num_draft_tokens]
+    if probs is None and argmax is None:
+        raise ValueError("argmax: required when probs is None (every request greedy)")
+    device = (probs if probs is not None else argmax).device
     # A step without drafts is laid out with one padding lane: every row emits its bonus token.
     layout = chain_layout(counts, device, minimum_width=1)
     batch_size, width = layout.draft_index.shape
-    if greedy is not None:
-        rows = torch.repeat_interleave(greedy, layout.num_drafts + 1)  # [T + B]
-        probs = one_hot_rows(probs, rows, probs.argmax(-1))
-    target_probs = probs[layout.target_index]  # [B, γ + 1, V]
     real = torch.arange(width, device=device)[None, :] < layout.num_drafts[:, None]  # [B, γ]
     if draft_token_ids.numel():
         draft_tokens = torch.where(real, draft_token_ids.to(device).long()[layout.draft_index], 0)
     else:
         draft_tokens = torch.zeros((batch_size, width), dtype=torch.long, device=device)
-    padded_draft = None
-    if draft_probs is not None and draft_probs.numel():
-        padded_draft = draft_probs[layout.draft_index]  # [B, γ, V]
-        if greedy is not None:
-            padded_draft = one_hot_rows(padded_draft, greedy[:, None] & real, draft_tokens)
+    output_width = max(counts, default=0) + 1
+    if greedy is not None or probs is None:
+        if argmax is None:
+            argmax = ops.argmax_blocks(probs)  # [T + B]
+        best = argmax.to(device)[layout.target_index]  # [B, γ + 1]
+        greedy_tokens = greedy_verdicts(draft_tokens, layout.num_drafts, best)
+        if probs is None:
+            return greedy_tokens[:, :output_width].to(torch.int32)
     noise = request_noise(counts, width, generators, device)
-    verified = verify_chain(
-        scheme,
-        draft_tokens,
-        target_probs,
-        padded_draft,
-        noise,
-        validate=validate,
-        num_draft_tokens=layout.num_drafts,
-    )
-    return verified.tokens[:, : max(counts, default=0) + 1].to(torch.int32)
+    lowering = tree_lowering(scheme)
+    if takes_standard_rule(lowering) and not validate:
+        # vLLM's flat tables through row maps: no [B, γ + 1, V] copy (greedy rows' verdicts
+        # are replaced below, so their draft rows need no one-hot)
+        has_draft = draft_probs is not None and draft_probs.numel() > 0
+        tables = ChainTables(
+            target_flat=probs,
+            target_index=layout.target_index,
+            draft_flat=draft_probs if has_draft else None,
+            draft_index=layout.draft_index if has_draft else None,
+            draft_tokens=draft_tokens,
+            num_drafts=layout.num_drafts,
+            bonus_tokens=None,
+            dtype=ops.compute_dtype(probs, *((draft_probs,) if has_draft else ())),
+        )
+        tokens = STANDARD_CHAIN.run(tables, noise, 1)[0].tokens
+    else:
+        vocab = probs.shape[-1]
+        target_probs = probs.index_select(0, layout.target_index.reshape(-1))
+        target_probs = target_probs.view(batch_size, width + 1, vocab)  # [B, γ + 1, V]
+        padded_draft = None
+        if draft_probs is not None and draft_probs.numel():
+            padded_draft = draft_probs.index_select(0, layout.draft_index.reshape(-1))
+            padded_draft = padded_draft.view(batch_size, width, vocab)  # [B, γ, V]
+            if greedy is not None:  # greedy drafts are argmaxes: the law they were drawn from
+                padded_draft = one_hot_rows(padded_draft, greedy[:, None] & real, draft_tokens)
+        tokens = verify_chain(
+            lowering,
+            draft_tokens,
+            target_probs,
+            padded_draft,
+            noise,
+            validate=validate,
+            num_draft_tokens=layout.num_drafts,
+        ).tokens
+    if greedy is not None:
+        tokens = torch.where(greedy[:, None], greedy_tokens, tokens)
+    return tokens[:, :output_width].to(torch.int32)
 
 
 # --------------------------------------------------------------------------- inside vLLM
@@ -347,18 +418,32 @@ def specsampling_forward(self, metadata, draft_probs, logits, sampling_metadata)
     raw_target = logits[metadata.target_logits_indices].to(torch.float32)  # [T, V]
     target = raw_target if processed_mode else raw_target.clone()
     target = self.apply_logits_processors(target, sampling_metadata, metadata)
-    flat = torch.empty(
-        (raw_target.shape[0] + batch_size, logits.shape[1]),
-        dtype=torch.float32,
-        device=logits.device,
-    )  # [T + B, V], each request's rows consecutive (vLLM's logits order)
-    flat[metadata.target_logits_indices] = target
-    flat[metadata.bonus_logits_indices] = bonus
-    greedy = None
-    if not sampling_metadata.all_greedy:
+    rows = raw_target.shape[0] + batch_size  # T + B, each request's rows consecutive
+    if sampling_metadata.all_greedy:  # point masses on the argmax: no [T + B, V] table built
+        argmax = torch.empty(rows, dtype=torch.long, device=logits.device)  # [T + B]
+        argmax[metadata.target_logits_indices] = ops.argmax_blocks(target)
+        argmax[metadata.bonus_logits_indices] = ops.argmax_blocks(bonus)
+        output_token_ids = verify_step(
+            config.scheme,
+            metadata.draft_token_ids,
+            counts,
+            None,
+            None,
+            None,
+            sampling_metadata.generators,
+            config.validate,
+            argmax=argmax,
+        )
+        flat = None
+    else:
+        flat = torch.empty((rows, logits.shape[1]), dtype=torch.float32, device=logits.device)
+        flat[metadata.target_logits_indices] = target  # [T + B, V] in vLLM's logits order
+        flat[metadata.bonus_logits_indices] = bonus
         temperature = sampling_metadata.temperature  # [B]
-        if not sampling_metadata.all_random:
+        greedy = argmax = None
+        if not sampling_metadata.all_random:  # greedy requests: the processed logits' argmax
             greedy = temperature == 0
+            argmax = ops.argmax_blocks(flat)  # [T + B]
         flat.div_(_expand(torch.where(temperature == 0, 1.0, temperature), repeats)[:, None])
         flat = apply_top_k_top_p(
             flat,
@@ -366,34 +451,28 @@ def specsampling_forward(self, metadata, draft_probs, logits, sampling_metadata)
             _expand(sampling_metadata.top_p, repeats),
         )
         probs = flat.softmax(-1, dtype=torch.float32)  # [T + B, V]
-    else:
-        greedy = torch.ones(batch_size, dtype=torch.bool, device=logits.device)
-        probs = flat
-        draft_probs = None  # greedy drafts are argmaxes: point masses
-    if (
-        draft_probs is None
-        and self.specsampling_probabilistic
-        and not sampling_metadata.all_greedy
-        and sum(counts)
-    ):
-        raise RuntimeError(
-            "draft_probs: vLLM passed no draft probabilities for drafts it sampled "
-            "(draft_sample_method='probabilistic'; its 'Missing cached draft probabilities' "
-            f"fallback); {config.scheme!r} cannot verify them exactly"
+        if draft_probs is None and self.specsampling_probabilistic and sum(counts):
+            raise RuntimeError(
+                "draft_probs: vLLM passed no draft probabilities for drafts it sampled "
+                "(draft_sample_method='probabilistic'; its 'Missing cached draft "
+                f"probabilities' fallback); {config.scheme!r} cannot verify them exactly"
+            )
+        output_token_ids = verify_step(
+            config.scheme,
+            metadata.draft_token_ids,
+            counts,
+            probs,
+            draft_probs,
+            greedy,
+            sampling_metadata.generators,
+            config.validate,
+            argmax=argmax,
         )
-    output_token_ids = verify_step(
-        config.scheme,
-        metadata.draft_token_ids,
-        counts,
-        probs,
-        draft_probs,
-        greedy,
-        sampling_metadata.generators,
-        config.validate,
-    )
     logprobs_tensors = None
     if sampling_metadata.max_num_logprobs is not None:
-        if processed_mode:
+        if processed_mode and flat is None:  # all greedy: vLLM applies no temperature
+            target_logits, bonus_logits = target, bonus
+        elif processed_mode:
             target_logits, bonus_logits = (
                 flat[metadata.target_logits_indices],
                 flat[metadata.bonus_logits_indices],
@@ -533,6 +612,7 @@ __all__ = [
     "check_scheme",
     "check_vllm_version",
     "config_from_env",
+    "greedy_verdicts",
     "register",
     "rejection_sampler_class",
     "request_noise",

@@ -161,3 +161,108 @@ def test_zero_draft_step():
             scheme, torch.zeros(0, dtype=torch.long), [0, 0], target, None, None, {}
         )
         assert out.tolist() == [[1], [2]]
+
+
+def _one_hot(index: torch.Tensor, vocab: int) -> torch.Tensor:
+    return torch.nn.functional.one_hot(index, vocab).to(torch.float64)
+
+
+@pytest.mark.parametrize("scheme", plugin.SCHEMES)
+@pytest.mark.parametrize("with_draft_probs", [False, True])
+def test_greedy_verdicts_are_every_schemes_verdict_on_point_masses(scheme, with_draft_probs):
+    """The greedy shortcut (no table read) emits what verify_chain emits for point-mass
+    targets, for every scheme the plugin runs, whatever the noise and the draft law."""
+    rng = np.random.default_rng(2)
+    vocab, batch_size, width = 4, 64, 3
+    best = torch.tensor(rng.integers(0, vocab, (batch_size, width + 1)))
+    # drafts agree with the target's token often, so that every accepted length occurs
+    agree = torch.tensor(rng.random((batch_size, width)) < 0.7)
+    other = torch.tensor(rng.integers(0, vocab, (batch_size, width)))
+    tokens = torch.where(agree, best[:, :width], other)
+    counts = torch.tensor(rng.integers(0, width + 1, batch_size))
+    draft = None
+    if with_draft_probs:
+        draft = torch.tensor(rng.dirichlet(np.ones(vocab), size=(batch_size, width)))
+    noise = ss.gpu.Noise(
+        torch.tensor(rng.random((batch_size, width + 1))),
+        torch.tensor(rng.random((batch_size, width + 1))),
+    )
+    expected = ss.gpu.verify_chain(
+        scheme, tokens, _one_hot(best, vocab), draft, noise, num_draft_tokens=counts
+    ).tokens
+    got = plugin.greedy_verdicts(
+        torch.where(torch.arange(width)[None, :] < counts[:, None], tokens, 0), counts, best
+    )
+    assert got.tolist() == expected.tolist()
+    lengths = (got != -1).sum(-1) - 1
+    assert set(lengths.tolist()) == set(range(width + 1))
+
+
+def test_greedy_verdicts_mutant_is_caught(monkeypatch):
+    """A shortcut that counts every agreeing draft, not the agreeing prefix, fails the check
+    above."""
+
+    def counting_all(draft_tokens, num_drafts, best):
+        width = draft_tokens.shape[1]
+        agree = (torch.arange(width)[None, :] < num_drafts[:, None]) & (
+            draft_tokens == best[:, :width]
+        )
+        lanes = torch.arange(width + 1)[None, :]
+        accepted = agree.sum(-1, keepdim=True)
+        drafts = torch.cat([draft_tokens, draft_tokens[:, :1]], 1)
+        out = torch.where(lanes < accepted, drafts, -1)
+        return torch.where(lanes == accepted, best.gather(1, accepted), out)
+
+    monkeypatch.setattr(plugin, "greedy_verdicts", counting_all)
+    with pytest.raises(AssertionError):
+        test_greedy_verdicts_are_every_schemes_verdict_on_point_masses("standard", False)
+
+
+@pytest.mark.parametrize("scheme", ["standard", "specinfer", "rsd", "block", "traversal", "nss"])
+def test_flat_fast_path_equals_the_checked_path(scheme):
+    """validate=False reads vLLM's flat tables in place (standard-rule schemes) or gathers them
+    with index_select; validate=True runs verify_chain's checks on gathered tables: the same
+    tokens for the same generators."""
+    rng = np.random.default_rng(3)
+    counts, vocab = [3, 0, 2, 1, 3, 3], 300
+    target, tokens, draft = _flat_case(rng, counts, vocab)
+    target, draft = target.float(), draft.float()
+    for draft_probs in (draft, None):
+        for seed in range(20):
+            outs = [
+                plugin.verify_step(
+                    scheme,
+                    tokens,
+                    counts,
+                    target,
+                    draft_probs,
+                    None,
+                    {row: torch.Generator().manual_seed(seed * 10 + row) for row in range(6)},
+                    validate,
+                )
+                for validate in (False, True)
+            ]
+            assert outs[0].tolist() == outs[1].tolist(), (draft_probs is None, seed)
+
+
+def test_all_greedy_without_tables_equals_greedy_rows_with_tables():
+    """probs=None (every request greedy, only the argmax given) gives the verdict the greedy
+    rows get from the tables; a mixed batch keeps its sampled rows' verdicts."""
+    rng = np.random.default_rng(4)
+    counts, vocab = [3, 1, 0, 2], 7
+    target, tokens, draft = _flat_case(rng, counts, vocab)
+    argmax = target.argmax(-1)
+    for scheme in ("standard", "block", "traversal"):
+        bare = plugin.verify_step(scheme, tokens, counts, None, None, None, {}, argmax=argmax)
+        every = torch.ones(len(counts), dtype=torch.bool)
+        tabled = plugin.verify_step(scheme, tokens, counts, target, draft, every, {})
+        assert bare.tolist() == tabled.tolist()
+        mixed = torch.tensor([True, False, True, False])
+        generators = {1: torch.Generator().manual_seed(1), 3: torch.Generator().manual_seed(3)}
+        sampled = plugin.verify_step(scheme, tokens, counts, target, draft, None, dict(generators))
+        generators = {1: torch.Generator().manual_seed(1), 3: torch.Generator().manual_seed(3)}
+        both = plugin.verify_step(scheme, tokens, counts, target, draft, mixed, generators)
+        assert both[[0, 2]].tolist() == bare[[0, 2]].tolist()
+        assert both[[1, 3]].tolist() == sampled[[1, 3]].tolist()
+    with pytest.raises(ValueError, match="argmax: required"):
+        plugin.verify_step("standard", tokens, counts, None, None, None, {})

@@ -1,0 +1,58 @@
+"""``ops.argmax_blocks`` (block maxima, then one block) returns ``torch.argmax``'s index: the
+lowest index of each row's maximum, on ties, masked rows, NaN, every dtype and ragged tails."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specsampling.gpu import ops
+
+VOCABS = [1, 5, 127, 128, 129, 256, 300, 1000, 32000, 49152, 50257]
+
+
+def tied_rows(vocab_size: int, seed: int) -> torch.Tensor:
+    """Rows with a few values only (many ties at the maximum), -inf masks and flat rows."""
+    g = torch.Generator().manual_seed(vocab_size * 100 + seed)
+    rows = torch.randint(0, 4, (12, vocab_size), generator=g).to(torch.float64)
+    rows[1] = 0.0  # all tied: index 0
+    rows[2] = float("-inf")  # fully masked: index 0
+    rows[3, : vocab_size // 2] = float("-inf")
+    rows[4] = torch.randn(vocab_size, generator=g, dtype=torch.float64)
+    rows[5, -1] = 10.0  # the maximum in the ragged tail
+    rows[6, : vocab_size - 1] = -1.0  # the maximum is the last token alone
+    rows[6, -1] = 0.0
+    return rows
+
+
+@pytest.mark.parametrize("vocab_size", VOCABS)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+def test_argmax_blocks_equals_torch_argmax(vocab_size, dtype):
+    for seed in range(3):
+        rows = tied_rows(vocab_size, seed).to(dtype)
+        assert torch.equal(ops.argmax_blocks(rows), rows.argmax(-1)), (vocab_size, seed)
+
+
+def test_argmax_blocks_keeps_leading_shape_and_nan():
+    values = torch.randn(3, 4, 700)
+    assert torch.equal(ops.argmax_blocks(values), values.argmax(-1))
+    values[1, 2, 400] = float("nan")
+    values[1, 2, 650] = float("nan")
+    assert ops.argmax_blocks(values)[1, 2] == values.argmax(-1)[1, 2] == 400
+    empty = torch.zeros(0, 500)
+    assert ops.argmax_blocks(empty).shape == (0,)
+
+
+def test_the_rows_catch_a_last_block_mutant():
+    """A version that takes the *last* block holding the maximum is wrong on ties across
+    blocks; the rows above tell it from torch.argmax."""
+
+    def last_block(values: torch.Tensor) -> torch.Tensor:
+        return ops.argmax_blocks(values.flip(-1).contiguous())  # lowest index of the flip
+
+    mutant_misses = []
+    for vocab_size in VOCABS:
+        rows = tied_rows(vocab_size, 0)
+        mutant = rows.shape[-1] - 1 - last_block(rows)
+        mutant_misses.append(not torch.equal(mutant, rows.argmax(-1)))
+    assert sum(mutant_misses) >= len(VOCABS) - 2
