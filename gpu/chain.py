@@ -24,11 +24,16 @@ deciding that another round is needed is one host check, skipped with ``validate
 Which schemes take a fast path. Those whose rule on a one-candidate chain *is* the standard
 rule, noise lane for noise lane: ``standard``, ``specinfer`` and ``rsd`` (recursive rejection with
 one candidate), ``spectr`` (:math:`\rho^* = 1` with one candidate) and ``resispec`` (every policy
-but a fixed-ratio ``ConstantRatio``; :func:`takes_standard_rule`), here; ``nss``, ``block`` and
-``traversal`` have their own chain engines
-(:mod:`specsampling.gpu.chain_rules`: gathered values, one fused row pass per inner position for
-block/traversal's masses, one stop row). Every other registered scheme exact on sampled chains
-runs its own lowering on a :class:`~specsampling.gpu.TreeBatch` of chains (law ``iid``).
+but a fixed-ratio ``ConstantRatio``), ``spechub``, ``ot_optimal``, ``ot_binned`` and ``khisti``
+(their plans start at two candidates; one candidate is ``standard_step``):
+:func:`takes_standard_rule`, here; ``nss``, ``block`` and ``traversal`` have their own chain
+engines (:mod:`specsampling.gpu.chain_rules`: gathered values, one fused row pass per inner
+position for block/traversal's masses, one stop row). ``greedy`` (Hu et al.), the one other
+registered scheme exact on sampled chains, is the standard rule at a node whose draft has more
+than the drafted token in its support, and NSS's rule (draw :math:`y \sim p` with the sample
+uniform, descend when it is the drafted token) where the drafted token covers it: with
+point-mass drafts (``draft_probs=None``) it takes NSS's engine; with draft tables it runs its
+own lowering on a :class:`~specsampling.gpu.TreeBatch` of chains (law ``iid``).
 
 Precision. float64 tables give the reference's verdicts bit for bit; float32 (bf16/fp16 upcast
 to it, row by row on the standard path) is the fast path: accept tests in float64 on gathered
@@ -47,6 +52,9 @@ from typing import Any, ClassVar, NamedTuple
 import torch
 
 from specsampling.errors import InvalidDistribution, UnsupportedShape
+from specsampling.schemes.khisti import Khisti
+from specsampling.schemes.ot_binned import OTBinned
+from specsampling.schemes.ot_optimal import OTOptimal
 from specsampling.tree import DrawLaw
 
 from . import ops
@@ -54,11 +62,13 @@ from .api import TOLERANCE, check_tolerance, raise_row_defect
 from .chain_rules import BLOCK_CHAIN, NSS_CHAIN, TRAVERSAL_CHAIN, ChainRound
 from .noise import Noise, check_generator
 from .schemes import tree_lowering
-from .schemes.base import TreeLowering, Verified
+from .schemes.base import HostPlanned, TreeLowering, Verified
 from .schemes.block import Block
+from .schemes.greedy import Greedy
 from .schemes.nss import NSS
 from .schemes.resispec import ConstantRatio, ResiSpec
 from .schemes.rsd import RSD
+from .schemes.spechub import SpecHub
 from .schemes.specinfer import SpecInfer
 from .schemes.spectr import SpecTr
 from .schemes.standard import Standard
@@ -68,22 +78,33 @@ from .tree import PAD, TreeBatch
 #: Lowerings whose rule on a one-candidate chain is the standard accept/residual rule (exact
 #: types: a subclass, such as a mutant, runs its own walk).
 STANDARD_RULE: tuple[type, ...] = (Standard, SpecInfer, RSD)
+#: Reference schemes behind :class:`~specsampling.gpu.schemes.base.HostPlanned` lowerings whose
+#: one-candidate nodes are ``standard_step`` (exact types, as above).
+HOST_PLANNED_STANDARD: tuple[type, ...] = (OTOptimal, OTBinned, Khisti)
 
 
 def takes_standard_rule(lowering: Any) -> bool:
-    """Whether ``lowering`` verifies a chain by the standard rule, noise lane for noise lane:
-    :data:`STANDARD_RULE`, and SpecTr and ResiSpec, whose rules on one candidate per node reduce
+    r"""Whether ``lowering`` verifies a chain by the standard rule, noise lane for noise lane:
+    :data:`STANDARD_RULE`; SpecTr and ResiSpec, whose rules on one candidate per node reduce
     to it bit for bit (SpecTr's :math:`\rho^* = 1`; ResiSpec's policies all give
-    :math:`\rho = 1` there, except ``ConstantRatio`` with a fixed :math:`\rho`), as
-    ``tests/test_gpu_spectr_resispec.py`` and the path-wise chain tests check.
+    :math:`\rho = 1` there, except ``ConstantRatio`` with a fixed :math:`\rho`); and SpecHub,
+    OT-optimal, OT-binned and Khisti et al.'s verifier, whose references run
+    ``standard_step`` with the child's accept and the node's sample uniform at every node with
+    one candidate (their plans only start at two). Greedy (Hu et al.) is not among them: a
+    point-mass draft covers the draft's support, so its node draws from the target instead. The
+    path-wise chain tests (``tests/test_gpu_chain.py``) check each against its reference.
 
     >>> from specsampling.schemes.resispec_policy import ConstantRatio as Ratio
     >>> takes_standard_rule(ResiSpec()), takes_standard_rule(ResiSpec(Ratio(rho=1.25)))
     (True, False)
+    >>> takes_standard_rule(tree_lowering("khisti")), takes_standard_rule(tree_lowering("greedy"))
+    (True, False)
     """
     kind = type(lowering)
-    if kind in STANDARD_RULE or kind is SpecTr:
+    if kind in STANDARD_RULE or kind is SpecTr or kind is SpecHub:
         return True
+    if kind is HostPlanned:
+        return type(lowering.scheme) in HOST_PLANNED_STANDARD
     if kind is ResiSpec:
         policy = lowering.policy
         return not (isinstance(policy, ConstantRatio) and policy.rho is not None)
@@ -665,6 +686,8 @@ def verify_chain(
         verified, _ = STANDARD_CHAIN.run(tables, noise, None if validate else 1)
         return verified
     engine = CHAIN_RULES.get(type(lowering))
+    if type(lowering) is Greedy and draft_probs is None:
+        engine = NSS_CHAIN  # point masses cover supp q: Greedy draws y ~ p, descends on a hit
     if engine is not None and gamma > 0:
         return engine.run(
             chain_round(draft_tokens, num_drafts, target_probs, draft_probs, dtype), noise
@@ -716,6 +739,7 @@ def chain_round(
 
 __all__ = [
     "CHAIN_RULES",
+    "HOST_PLANNED_STANDARD",
     "STANDARD_CHAIN",
     "STANDARD_RULE",
     "ChainTables",

@@ -367,12 +367,36 @@ def test_each_scheme_takes_its_chain_engine() -> None:
     from specsampling.gpu.schemes.resispec import ResiSpec
     from specsampling.schemes.resispec_policy import ConstantRatio
 
-    for name in ("standard", "specinfer", "rsd", "spectr", "resispec"):
+    standard_rule = ("standard", "specinfer", "rsd", "spectr", "resispec", "spechub")
+    for name in (*standard_rule, "ot_optimal", "ot_binned", "khisti"):
         assert C.takes_standard_rule(ssg.get_lowering(name)), name
-    for name in ("nss", "block", "traversal", "greedy", "spechub"):
+    # greedy: a point-mass draft covers supp q, so its split is None and it draws differently
+    for name in ("nss", "block", "traversal", "greedy"):
         assert not C.takes_standard_rule(ssg.get_lowering(name)), name
+    from specsampling.gpu.schemes.base import HostPlanned
+    from specsampling.schemes.ot_optimal import OTOptimal
+
+    class Mutant(OTOptimal):
+        pass
+
+    assert not C.takes_standard_rule(HostPlanned(Mutant()))  # a subclass walks
     assert not C.takes_standard_rule(ResiSpec(ConstantRatio(rho=1.25)))  # rho != 1 on chains
     assert C.takes_standard_rule(ResiSpec(ConstantRatio()))
+
+
+def test_greedy_with_point_mass_drafts_takes_the_nss_engine(monkeypatch) -> None:
+    """Greedy's chain node with a point-mass draft draws y ~ p and descends on a hit: NSS's
+    engine, path-wise equal to the reference (the point-mass path-wise test above); with draft
+    tables it walks."""
+    calls = []
+    run = R.NSS_CHAIN.run
+    monkeypatch.setattr(R.NSS_CHAIN, "run", lambda *args: calls.append(1) or run(*args))
+    rounds = chain_rounds(ss.pairs.Random(5, seed=4), np.random.default_rng(4), 18, True)
+    assert mismatches("greedy", rounds, True) == []
+    assert calls == [1]
+    rounds = chain_rounds(ss.pairs.Random(5, seed=4), np.random.default_rng(4), 18, False)
+    assert mismatches("greedy", rounds, False) == []
+    assert calls == [1]
 
 
 class EqualRows:
