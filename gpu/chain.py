@@ -32,8 +32,10 @@ position for block/traversal's masses, one stop row). ``greedy`` (Hu et al.), th
 registered scheme exact on sampled chains, is the standard rule at a node whose draft has more
 than the drafted token in its support, and NSS's rule (draw :math:`y \sim p` with the sample
 uniform, descend when it is the drafted token) where the drafted token covers it: with
-point-mass drafts (``draft_probs=None``) it takes NSS's engine; with draft tables it runs its
-own lowering on a :class:`~specsampling.gpu.TreeBatch` of chains (law ``iid``).
+point-mass drafts (``draft_probs=None``) it takes NSS's engine, with draft tables
+:class:`GreedyChain` (both rules at once, one select per lane by the covering mask). Every
+registered scheme exact on sampled chains therefore has a chain engine here; the general walk
+on a :class:`~specsampling.gpu.TreeBatch` of chains (law ``iid``) serves subclasses (mutants).
 
 Precision. float64 tables give the reference's verdicts bit for bit; float32 (bf16/fp16 upcast
 to it, row by row on the standard path) is the fast path: accept tests in float64 on gathered
@@ -59,7 +61,7 @@ from specsampling.tree import DrawLaw
 
 from . import ops
 from .api import TOLERANCE, check_tolerance, raise_row_defect
-from .chain_rules import BLOCK_CHAIN, NSS_CHAIN, TRAVERSAL_CHAIN, ChainRound
+from .chain_rules import BLOCK_CHAIN, NSS_CHAIN, TRAVERSAL_CHAIN, ChainRound, draw_rows
 from .noise import Noise, check_generator
 from .schemes import tree_lowering
 from .schemes.base import HostPlanned, TreeLowering, Verified
@@ -116,12 +118,15 @@ CHAIN_RULES: dict[type, Any] = {NSS: NSS_CHAIN, Block: BLOCK_CHAIN, Traversal: T
 
 
 class ChainTables(NamedTuple):
-    """Validated chain inputs for :class:`StandardChain`, as flat tables plus row maps.
+    r"""Validated chain inputs for :class:`StandardChain`, as flat tables plus row maps.
 
     ``target_flat [R, V]`` and ``target_index [B, γ + 1]`` (the flat row of :math:`p_i`);
     ``draft_flat [R', V]`` and ``draft_index [B, γ]``, or ``None`` (point mass);
     ``draft_tokens [B, γ]`` with padding lanes set to ``0`` (never used as an index unmasked);
-    ``num_drafts [B]``; ``bonus_tokens [B]`` when the caller drew the bonus (vLLM), else ``None``.
+    ``num_drafts [B]``; ``bonus_tokens [B]`` when the caller drew the bonus (vLLM), else ``None``;
+    ``draft_mass [R']`` or ``None``: the rule reads ``draft_flat[r] / draft_mass[r]``, divided
+    element by element where it is read (greedy's :math:`q' = \mathrm{norm}(q)`, never a
+    normalised copy of the table).
     """
 
     target_flat: torch.Tensor  # [R, V]
@@ -132,6 +137,7 @@ class ChainTables(NamedTuple):
     num_drafts: torch.Tensor  # [B]
     bonus_tokens: torch.Tensor | None  # [B]
     dtype: torch.dtype
+    draft_mass: torch.Tensor | None = None  # [R']: divide each draft row by it (greedy's q')
 
 
 def padded_tables(
@@ -223,7 +229,10 @@ class StandardChain:
         """:math:`q_i(x_i)` of every lane, ``[B, γ]`` (``1`` for point-mass drafts)."""
         if tables.draft_flat is None:
             return torch.ones_like(like)  # [B, γ]
-        return tables.draft_flat[tables.draft_index, tables.draft_tokens]  # [B, γ]
+        drafted = tables.draft_flat[tables.draft_index, tables.draft_tokens]  # [B, γ]
+        if tables.draft_mass is None:
+            return drafted
+        return drafted / tables.draft_mass[tables.draft_index]  # [B, γ]
 
     def residual(
         self, tables: ChainTables, target: torch.Tensor, lane: torch.Tensor, token: torch.Tensor
@@ -233,7 +242,10 @@ class StandardChain:
             return residual_weights(target, None, token)
         draft_row = tables.draft_index.gather(1, lane[:, None]).squeeze(-1)  # [B]
         draft = tables.draft_flat.index_select(0, draft_row)  # [B, V] (faster than [draft_row])
-        return residual_weights(target, draft.to(tables.dtype), token)
+        draft = draft.to(tables.dtype)
+        if tables.draft_mass is not None:
+            draft = draft / tables.draft_mass.index_select(0, draft_row)[:, None]  # [B, V]
+        return residual_weights(target, draft, token)
 
     def draw(
         self,
@@ -324,6 +336,92 @@ class StandardChain:
 
 #: The engine :func:`verify_chain` uses for :data:`STANDARD_RULE` schemes.
 STANDARD_CHAIN = StandardChain()
+
+
+class GreedyChain(StandardChain):
+    r"""Hu et al.'s greedy verifier on chains with draft tables, lane by lane as its reference.
+
+    A chain node has one candidate :math:`x`, so :math:`T = \varnothing` and
+    :math:`q' = \mathrm{norm}(q)`. Where :math:`q` has mass off :math:`x` the node is the
+    standard rule with :math:`q'` (accept iff :math:`u\,q'(x) < p(x)`, else the residual
+    :math:`\mathrm{norm}((p - q')_+)`); where :math:`x` covers :math:`\mathrm{supp}\,q` it is
+    NSS's (draw :math:`y \sim p` with the node's sample uniform, descend iff :math:`y = x`).
+    Both kinds are decided at once: the standard tests on the normalised draft rows, NSS's draw
+    on every real lane's target row, one select by the covering mask; the stop token at the first
+    failure is that lane's NSS draw where it covers, else the standard residual draw.
+    """
+
+    hot_path: ClassVar[tuple[str, ...]] = (
+        "covering_lanes",
+        "greedy_tests",
+        "nss_stop",
+        "tests",
+        "stop_round",
+        "pack",
+    )
+
+    def covering_lanes(self, tables: ChainTables) -> tuple[ChainTables, torch.Tensor]:
+        """``(tables reading q', covers [B, γ])`` of padded tables (:func:`padded_tables`):
+        each draft row's mass (numpy's summation order in float64, as the reference
+        normalises), and whether the drafted token holds all of :math:`q` (no other positive
+        entry: :func:`~specsampling.gpu.ops.max_off_token`, no ``[B γ, V]`` temporary)."""
+        batch_size, gamma = tables.draft_tokens.shape
+        draft = tables.draft_flat  # [B γ, V], lane order
+        others = ops.max_off_token(draft, tables.draft_tokens.reshape(-1))  # [B γ]
+        covers = ~(others > 0).view(batch_size, gamma)  # [B, γ]
+        mass = ops.numpy_sum(draft.to(tables.dtype))  # [B γ]
+        return tables._replace(draft_mass=mass), covers
+
+    def greedy_tests(
+        self, tables: ChainTables, covers: torch.Tensor, drawn: torch.Tensor, accept: torch.Tensor
+    ) -> torch.Tensor:
+        """Every lane's test, ``[B, γ]``: NSS's (``drawn [B, γ]`` is the drafted token) where
+        ``covers``, the standard one with :math:`q'` elsewhere (``accept [B, γ]`` uniforms)."""
+        gamma = covers.shape[1]
+        real = torch.arange(gamma, device=covers.device)[None, :] < tables.num_drafts[:, None]
+        standard = self.tests(tables, accept)  # [B, γ]
+        return torch.where(covers, real & (drawn == tables.draft_tokens), standard)
+
+    def nss_stop(
+        self,
+        tables: ChainTables,
+        covers: torch.Tensor,  # [B, γ]
+        drawn: torch.Tensor,  # [B, γ]
+        num_accepted: torch.Tensor,  # [B]
+        token: torch.Tensor,  # [B]
+        hit: torch.Tensor,  # [B]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The stop token and hit flag: a covering stop lane emits its NSS draw (never its
+        drafted token, or the lane would have passed), the others keep the standard draw."""
+        gamma = covers.shape[1]
+        lane = num_accepted.clamp_max(gamma - 1)[:, None]  # [B, 1]
+        nss = (num_accepted < tables.num_drafts) & covers.gather(1, lane).squeeze(-1)  # [B]
+        return torch.where(nss, drawn.gather(1, lane).squeeze(-1), token), hit & ~nss
+
+    def run(
+        self, tables: ChainTables, noise: Noise, rounds: int | None = None
+    ) -> tuple[Verified, torch.Tensor]:
+        """As :meth:`StandardChain.run`, with NSS's rule on covering lanes."""
+        batch_size, gamma = tables.draft_tokens.shape
+        own, covers = self.covering_lanes(tables)
+        target = tables.target_flat.to(tables.dtype)  # [B (γ + 1), V], lane order
+        drawn = draw_rows(target, noise.sample.reshape(-1)).view(batch_size, gamma + 1)
+        drawn = drawn[:, :gamma]  # [B, γ]: y ~ p at every draft lane
+        accepted = self.greedy_tests(own, covers, drawn, noise.accept[:, 1:])  # [B, γ]
+        start = torch.zeros_like(own.num_drafts)  # [B]
+        total = gamma + 1 if rounds is None else rounds
+        for index in range(max(total, 1)):
+            num_accepted, token, hit = self.stop_round(own, accepted, noise.sample, start)
+            token, hit = self.nss_stop(own, covers, drawn, num_accepted, token, hit)
+            if rounds is None and not bool(hit.any()):
+                break
+            if index + 1 < total:
+                start = torch.where(hit, num_accepted + 1, start)  # [B]
+        return self.pack(own, num_accepted, token), hit
+
+
+#: The engine :func:`verify_chain` uses for ``greedy`` with draft tables.
+GREEDY_CHAIN = GreedyChain()
 
 
 # --------------------------------------------------------------------------- validation
@@ -680,10 +778,12 @@ def verify_chain(
             dtype=dtype,
         )
         return verified._replace(tokens=verified.tokens[:, :1])
-    if takes_standard_rule(lowering) and gamma > 0:
+    greedy_tables = type(lowering) is Greedy and draft_probs is not None
+    if (takes_standard_rule(lowering) or greedy_tables) and gamma > 0:
         tables = padded_tables(draft_tokens, num_drafts, target_probs, draft_probs)
         tables = tables._replace(dtype=dtype)
-        verified, _ = STANDARD_CHAIN.run(tables, noise, None if validate else 1)
+        engine = GREEDY_CHAIN if greedy_tables else STANDARD_CHAIN
+        verified, _ = engine.run(tables, noise, None if validate else 1)
         return verified
     engine = CHAIN_RULES.get(type(lowering))
     if type(lowering) is Greedy and draft_probs is None:
@@ -739,10 +839,12 @@ def chain_round(
 
 __all__ = [
     "CHAIN_RULES",
+    "GREEDY_CHAIN",
     "HOST_PLANNED_STANDARD",
     "STANDARD_CHAIN",
     "STANDARD_RULE",
     "ChainTables",
+    "GreedyChain",
     "StandardChain",
     "chain_batch",
     "chain_noise",

@@ -14,7 +14,8 @@ each row. No host synchronisation, no loop over rows or the vocabulary.
   (sums of 128-token blocks, then one block), never normalising and never materialising a
   ``[B, V]`` cumulative sum or a float64 copy of a row.
 * :func:`argmax_blocks` -- ``torch.argmax`` over the last axis in the same two levels (block
-  maxima, then one block): the same index, several times faster on CPU.
+  maxima, then one block): the same index, several times faster on CPU; :func:`max_off_token`,
+  the largest entry of a row but one token's, the same way.
 
 Dtype rule: distributions are computed in :func:`compute_dtype` (float64 for float64 input, at
 least float32 otherwise); uniforms are float64 and every comparison with them is in float64.
@@ -336,14 +337,49 @@ def argmax_blocks(values: torch.Tensor) -> torch.Tensor:
     [7, 299]
     """
     vocab = values.shape[-1]
-    full = vocab - vocab % CDF_BLOCK
-    if full == 0 or values.numel() == 0:
+    if vocab < CDF_BLOCK or values.numel() == 0:
         return values.argmax(-1)
     rows = values.reshape(-1, vocab)  # [N, V]
-    maxima = rows[:, :full].unflatten(-1, (full // CDF_BLOCK, CDF_BLOCK)).amax(-1)  # [N, nb]
-    if full < vocab:
-        maxima = torch.cat([maxima, rows[:, full:].amax(-1, keepdim=True)], -1)
-    block = maxima.argmax(-1)  # [N] the first block holding the maximum
+    block = _block_maxima(rows).argmax(-1)  # [N] the first block holding the maximum
     index, _ = block_index(block, vocab)  # [N, 128]; lanes past V repeat token V - 1, after it
     inner = rows.gather(1, index).argmax(-1)  # [N]
     return (block * CDF_BLOCK + inner).reshape(values.shape[:-1])
+
+
+def _block_maxima(rows: torch.Tensor) -> torch.Tensor:
+    """Maxima of consecutive 128-token blocks of ``rows [N, V]`` (``V >= 128``), the ragged
+    tail as one more block: ``[N, ceil(V / 128)]``."""
+    vocab = rows.shape[-1]
+    full = vocab - vocab % CDF_BLOCK
+    maxima = rows[:, :full].unflatten(-1, (full // CDF_BLOCK, CDF_BLOCK)).amax(-1)  # [N, nb]
+    if full < vocab:
+        maxima = torch.cat([maxima, rows[:, full:].amax(-1, keepdim=True)], -1)
+    return maxima
+
+
+def max_off_token(rows: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    """The largest entry of each row of ``rows [N, V]`` other than ``rows[n, token[n]]``
+    (``token [N]`` in range), ``[N]``; ``-inf`` when ``V = 1``. Block maxima (one vectorised
+    read), the token's own block dropped from them, and that block re-read without the token:
+    no ``[N, V]`` temporary.
+
+    >>> max_off_token(torch.tensor([[0.0, 1.0, 0.0], [0.5, 0.5, 0.0]]), torch.tensor([1, 0]))
+    tensor([0.0000, 0.5000])
+    >>> values = torch.zeros(2, 300)
+    >>> values[0, 7], values[1, 299], values[1, 298] = 1.0, 1.0, 1e-30
+    >>> max_off_token(values, torch.tensor([7, 299])).tolist()
+    [0.0, 1e-30]
+    """
+    vocab = rows.shape[-1]
+    lowest = torch.tensor(float("-inf"), dtype=rows.dtype, device=rows.device)
+    if vocab < CDF_BLOCK:
+        return rows.scatter(1, token[:, None], float("-inf")).amax(-1)  # [N] (a small copy)
+    maxima = _block_maxima(rows)  # [N, nb]
+    block = token // CDF_BLOCK  # [N]
+    others = maxima.scatter(1, block[:, None], float("-inf")).amax(-1)  # [N] outside the block
+    index, inside = block_index(block, vocab)  # [N, 128]
+    values = rows.gather(1, index)  # [N, 128]
+    lanes = torch.arange(CDF_BLOCK, device=rows.device)[None, :]  # [1, 128]
+    mine = (lanes == (token % CDF_BLOCK)[:, None]) | ~inside  # [N, 128]: the token, past V
+    own = torch.where(mine, lowest, values).amax(-1)  # [N] inside the block, without it
+    return torch.maximum(others, own)

@@ -56,3 +56,21 @@ def test_the_rows_catch_a_last_block_mutant():
         mutant = rows.shape[-1] - 1 - last_block(rows)
         mutant_misses.append(not torch.equal(mutant, rows.argmax(-1)))
     assert sum(mutant_misses) >= len(VOCABS) - 2
+
+
+@pytest.mark.parametrize("vocab_size", VOCABS)
+def test_max_off_token_equals_the_masked_maximum(vocab_size):
+    """``ops.max_off_token`` against the plain masked maximum (a copy with the token set to
+    -inf): tokens in the ragged tail, rows whose only other mass is tiny, all-zero rows."""
+    for seed in range(3):
+        rows = tied_rows(vocab_size, seed).clamp_min(0.0)
+        rows[7] = 0.0
+        rows[8] = 0.0
+        rows[8, -1] = 1e-300  # the only other entry, in the tail
+        g = torch.Generator().manual_seed(seed)
+        token = torch.randint(0, vocab_size, (rows.shape[0],), generator=g)
+        token[8] = 0
+        token[5] = vocab_size - 1  # the tail's maximum is the token itself
+        masked = rows.scatter(1, token[:, None], float("-inf")).amax(-1)
+        assert torch.equal(ops.max_off_token(rows, token), masked), (vocab_size, seed)
+        assert torch.equal(ops.max_off_token(rows.float(), token), masked.float())

@@ -334,7 +334,7 @@ def test_subclass_of_a_fast_lowering_runs_its_own_walk() -> None:
 
 def test_hot_path_has_no_host_synchronisation() -> None:
     sources = [inspect.getsource(getattr(C.StandardChain, m)) for m in C.StandardChain.hot_path]
-    for engine in (R.NSSChain, R.BlockChain, R.TraversalChain):
+    for engine in (R.NSSChain, R.BlockChain, R.TraversalChain, C.GreedyChain):
         sources += [inspect.getsource(getattr(engine, m)) for m in engine.hot_path]
     sources += [
         inspect.getsource(f)
@@ -387,16 +387,78 @@ def test_each_scheme_takes_its_chain_engine() -> None:
 def test_greedy_with_point_mass_drafts_takes_the_nss_engine(monkeypatch) -> None:
     """Greedy's chain node with a point-mass draft draws y ~ p and descends on a hit: NSS's
     engine, path-wise equal to the reference (the point-mass path-wise test above); with draft
-    tables it walks."""
+    tables it takes its own chain engine."""
     calls = []
     run = R.NSS_CHAIN.run
     monkeypatch.setattr(R.NSS_CHAIN, "run", lambda *args: calls.append(1) or run(*args))
     rounds = chain_rounds(ss.pairs.Random(5, seed=4), np.random.default_rng(4), 18, True)
     assert mismatches("greedy", rounds, True) == []
     assert calls == [1]
+    greedy_calls = []
+    greedy_run = C.GREEDY_CHAIN.run
+    monkeypatch.setattr(
+        C.GREEDY_CHAIN, "run", lambda *args: greedy_calls.append(1) or greedy_run(*args)
+    )
     rounds = chain_rounds(ss.pairs.Random(5, seed=4), np.random.default_rng(4), 18, False)
     assert mismatches("greedy", rounds, False) == []
-    assert calls == [1]
+    assert calls == [1] and greedy_calls == [1]
+
+
+def covering_rounds(seed: int) -> list[Round]:
+    """Sampled chains whose draft rows are, at random lanes, the one-hot of the drafted token
+    (the drafted token then covers supp q: greedy's NSS case), the other lanes dense."""
+    rng = np.random.default_rng(seed)
+    rounds = chain_rounds(ss.pairs.Random(5, seed=seed), rng, 24, False)
+    mixed = []
+    for tree, target, draft, noise in rounds:
+        hot = point_mass_tables(tree, target)
+        lanes = rng.random(draft.shape[0]) < 0.5
+        mixed.append((tree, target, np.where(lanes[:, None], hot, draft), noise))
+    return mixed
+
+
+def test_greedy_with_draft_tables_covering_lanes_pathwise() -> None:
+    """Greedy's chain engine on draft tables mixing dense rows (the standard rule with
+    norm(q)) and one-hot rows (NSS's rule): the reference's verdict on every row, and a
+    standard-only engine (the mutant) is caught."""
+    for seed in range(4):
+        rounds = covering_rounds(seed)
+        assert mismatches("greedy", rounds, False) == [], seed
+        assert mismatches("greedy", rounds, False, validate=False) == [], seed
+
+
+def test_greedy_chain_mutant_without_the_covering_rule_is_caught(monkeypatch) -> None:
+    monkeypatch.setattr(C.GREEDY_CHAIN, "run", C.STANDARD_CHAIN.run)
+    assert any(mismatches("greedy", covering_rounds(seed), False) for seed in range(4))
+
+
+def test_greedy_float32_first_token_follows_the_target_with_covering_lanes() -> None:
+    """Chi-square (alpha 1e-4): float32 greedy rounds whose lane-0 draft is one-hot on half the
+    rows (the drafted token then fixed) and dense on the others emit p_0 as their first token."""
+    from scipy import stats
+
+    rows, vocab = 20_000, 300
+    g = torch.Generator().manual_seed(21)
+    logits = 2 * torch.randn(GAMMA + 1, vocab, generator=g, dtype=torch.float64)
+    target = logits.softmax(-1).float().expand(rows, -1, -1).contiguous()  # [R, γ + 1, V]
+    dense = (logits[:GAMMA] + torch.randn(GAMMA, vocab, generator=g).double()).softmax(-1)
+    draft = dense.float().expand(rows, -1, -1).clone()  # [R, γ, V]
+    tokens = torch.multinomial(dense, rows, replacement=True, generator=g).T.contiguous()
+    hot = torch.arange(rows) % 2 == 0
+    fixed = torch.randint(0, vocab, (rows,), generator=g)
+    tokens[hot, 0] = fixed[hot]
+    draft[hot, 0] = torch.nn.functional.one_hot(fixed[hot], vocab).float()
+    out = ssg.verify_chain(
+        "greedy", tokens, target, draft, generator=torch.Generator().manual_seed(22)
+    )
+    counts = torch.bincount(out.tokens[:, 0], minlength=vocab).double()
+    expect = target[0, 0].double() / target[0, 0].double().sum() * rows
+    order = torch.argsort(expect, descending=True)
+    keep = int((expect[order] >= 5).sum())
+    observed = torch.cat([counts[order[:keep]], counts[order[keep:]].sum()[None]])
+    expected = torch.cat([expect[order[:keep]], expect[order[keep:]].sum()[None]])
+    assert float(expected[-1]) >= 5 and keep > 20
+    assert stats.chisquare(observed.numpy(), expected.numpy()).pvalue > 1e-4
 
 
 class EqualRows:

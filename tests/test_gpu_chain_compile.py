@@ -1,5 +1,5 @@
 """The chain fast paths compile: ``verify_chain(..., validate=False)`` of every chain engine
-(the standard rule, nss, block, traversal; real draft tables and point masses) traces under
+(the standard rule, nss, block, traversal, greedy; real draft tables and point masses) traces under
 ``torch.compile(fullgraph=True)`` without a graph break, and the compiled call returns the
 eager tokens. The default run traces with the ``eager`` backend (dynamo only: a graph break is
 an error); the ``slow`` test compiles with inductor. Compiled vs eager speed is in
@@ -13,7 +13,7 @@ import torch
 
 from specsampling import gpu as ssg
 
-SCHEMES = ("standard", "specinfer", "nss", "block", "traversal")
+SCHEMES = ("standard", "specinfer", "nss", "block", "traversal", "greedy", "khisti")
 
 
 def inputs(dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, ...]:
