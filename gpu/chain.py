@@ -49,6 +49,7 @@ exact engine on a :class:`~specsampling.ModelPair` whose draft is a point mass).
 
 from __future__ import annotations
 
+import functools
 from typing import Any, ClassVar, NamedTuple
 
 import torch
@@ -321,12 +322,26 @@ class StandardChain:
         """Verify every row; returns the verdicts and the rows still unresolved (``[B]`` bool,
         all ``False`` unless ``rounds`` was too small). ``rounds=None`` repeats until no row
         hits (one host check per round, at most ``γ + 1`` rounds)."""
-        gamma = tables.draft_tokens.shape[1]
         accepted = self.tests(tables, noise.accept[:, 1:])  # [B, γ]
+        return self.resolve(tables, accepted, noise.sample, rounds)
+
+    def resolve(
+        self,
+        tables: ChainTables,
+        accepted: torch.Tensor,  # [B, γ] bool
+        sample_uniforms: torch.Tensor,  # [B, γ + 1] float64
+        rounds: int | None,
+        settle: Any = None,
+    ) -> tuple[Verified, torch.Tensor]:
+        """The stop rounds of :meth:`run` from the accept tests; ``settle(num_accepted, token,
+        hit) -> (token, hit)`` (optional) revises each round's stop before the hit check."""
+        gamma = tables.draft_tokens.shape[1]
         start = torch.zeros_like(tables.num_drafts)  # [B]
         total = gamma + 1 if rounds is None else rounds
         for index in range(max(total, 1)):
-            num_accepted, token, hit = self.stop_round(tables, accepted, noise.sample, start)
+            num_accepted, token, hit = self.stop_round(tables, accepted, sample_uniforms, start)
+            if settle is not None:
+                token, hit = settle(num_accepted, token, hit)
             if rounds is None and not bool(hit.any()):
                 break
             if index + 1 < total:
@@ -408,16 +423,8 @@ class GreedyChain(StandardChain):
         drawn = draw_rows(target, noise.sample.reshape(-1)).view(batch_size, gamma + 1)
         drawn = drawn[:, :gamma]  # [B, γ]: y ~ p at every draft lane
         accepted = self.greedy_tests(own, covers, drawn, noise.accept[:, 1:])  # [B, γ]
-        start = torch.zeros_like(own.num_drafts)  # [B]
-        total = gamma + 1 if rounds is None else rounds
-        for index in range(max(total, 1)):
-            num_accepted, token, hit = self.stop_round(own, accepted, noise.sample, start)
-            token, hit = self.nss_stop(own, covers, drawn, num_accepted, token, hit)
-            if rounds is None and not bool(hit.any()):
-                break
-            if index + 1 < total:
-                start = torch.where(hit, num_accepted + 1, start)  # [B]
-        return self.pack(own, num_accepted, token), hit
+        settle = functools.partial(self.nss_stop, own, covers, drawn)
+        return self.resolve(own, accepted, noise.sample, rounds, settle)
 
 
 #: The engine :func:`verify_chain` uses for ``greedy`` with draft tables.

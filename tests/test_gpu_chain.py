@@ -432,35 +432,6 @@ def test_greedy_chain_mutant_without_the_covering_rule_is_caught(monkeypatch) ->
     assert any(mismatches("greedy", covering_rounds(seed), False) for seed in range(4))
 
 
-def test_greedy_float32_first_token_follows_the_target_with_covering_lanes() -> None:
-    """Chi-square (alpha 1e-4): float32 greedy rounds whose lane-0 draft is one-hot on half the
-    rows (the drafted token then fixed) and dense on the others emit p_0 as their first token."""
-    from scipy import stats
-
-    rows, vocab = 20_000, 300
-    g = torch.Generator().manual_seed(21)
-    logits = 2 * torch.randn(GAMMA + 1, vocab, generator=g, dtype=torch.float64)
-    target = logits.softmax(-1).float().expand(rows, -1, -1).contiguous()  # [R, γ + 1, V]
-    dense = (logits[:GAMMA] + torch.randn(GAMMA, vocab, generator=g).double()).softmax(-1)
-    draft = dense.float().expand(rows, -1, -1).clone()  # [R, γ, V]
-    tokens = torch.multinomial(dense, rows, replacement=True, generator=g).T.contiguous()
-    hot = torch.arange(rows) % 2 == 0
-    fixed = torch.randint(0, vocab, (rows,), generator=g)
-    tokens[hot, 0] = fixed[hot]
-    draft[hot, 0] = torch.nn.functional.one_hot(fixed[hot], vocab).float()
-    out = ssg.verify_chain(
-        "greedy", tokens, target, draft, generator=torch.Generator().manual_seed(22)
-    )
-    counts = torch.bincount(out.tokens[:, 0], minlength=vocab).double()
-    expect = target[0, 0].double() / target[0, 0].double().sum() * rows
-    order = torch.argsort(expect, descending=True)
-    keep = int((expect[order] >= 5).sum())
-    observed = torch.cat([counts[order[:keep]], counts[order[keep:]].sum()[None]])
-    expected = torch.cat([expect[order[:keep]], expect[order[keep:]].sum()[None]])
-    assert float(expected[-1]) >= 5 and keep > 20
-    assert stats.chisquare(observed.numpy(), expected.numpy()).pvalue > 1e-4
-
-
 class EqualRows:
     """A pair with ``p <= q`` at some prefixes (``q`` a Dirichlet row, ``p`` the same with
     ``2^-40`` taken off one entry: ``S = 0`` there, so block accepts a node with ``w = 1`` and

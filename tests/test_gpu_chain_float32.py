@@ -161,13 +161,27 @@ def test_the_margin_check_can_fail() -> None:
     assert float((found >= TOLERANCE).double().mean()) > 0.9
 
 
+def first_token_pvalue(first: torch.Tensor, target: torch.Tensor) -> float:
+    """Chi-square p-value of the first tokens ``first [R]`` against the row ``target [V]``,
+    bins merged to an expected count >= 5 (at least 20 kept)."""
+    from scipy import stats
+
+    rows, vocab = first.shape[0], target.shape[0]
+    counts = torch.bincount(first, minlength=vocab).double()
+    expect = target.double() / target.double().sum() * rows
+    order = torch.argsort(expect, descending=True)
+    keep = int((expect[order] >= 5).sum())
+    observed = torch.cat([counts[order[:keep]], counts[order[keep:]].sum()[None]])
+    expected = torch.cat([expect[order[:keep]], expect[order[keep:]].sum()[None]])
+    assert float(expected[-1]) >= 5 and keep > 20
+    return float(stats.chisquare(observed.numpy(), expected.numpy()).pvalue)
+
+
 @pytest.mark.parametrize("name", SCHEMES)
 def test_float32_first_token_follows_the_target(name: str) -> None:
     """Chi-square on counts: the first emitted token of float32 rounds (fresh noise, drafts
     sampled from the draft, V = 300 so draws cross blocks) follows p_0. Bins merged to an
-    expected count >= 5; alpha 1e-4 per scheme, a budget of 4e-4 for the four."""
-    from scipy import stats
-
+    expected count >= 5; alpha 1e-4 per scheme, a budget of 5e-4 with greedy's test below."""
     rows = 20_000
     g = torch.Generator().manual_seed(11)
     vocab = 300
@@ -183,11 +197,24 @@ def test_float32_first_token_follows_the_target(name: str) -> None:
         draft.expand(rows, -1, -1).contiguous(),
         generator=torch.Generator().manual_seed(12),
     )
-    counts = torch.bincount(out.tokens[:, 0], minlength=vocab).double()
-    expect = target[0].double() / target[0].double().sum() * rows
-    order = torch.argsort(expect, descending=True)
-    keep = int((expect[order] >= 5).sum())
-    observed = torch.cat([counts[order[:keep]], counts[order[keep:]].sum()[None]])
-    expected = torch.cat([expect[order[:keep]], expect[order[keep:]].sum()[None]])
-    assert float(expected[-1]) >= 5 and keep > 20
-    assert stats.chisquare(observed.numpy(), expected.numpy()).pvalue > 1e-4
+    assert first_token_pvalue(out.tokens[:, 0], target[0]) > 1e-4
+
+
+def test_greedy_float32_first_token_follows_the_target_with_covering_lanes() -> None:
+    """Chi-square (alpha 1e-4): float32 greedy rounds whose lane-0 draft is one-hot on half the
+    rows (the drafted token then fixed: greedy's NSS case) and dense on the others (its standard
+    rule with norm(q)) emit p_0 as their first token."""
+    rows, vocab = 20_000, 300
+    g = torch.Generator().manual_seed(21)
+    logits = 2 * torch.randn(GAMMA + 1, vocab, generator=g, dtype=torch.float64)
+    target = logits.softmax(-1).float().expand(rows, -1, -1).contiguous()  # [R, γ + 1, V]
+    dense = (logits[:GAMMA] + torch.randn(GAMMA, vocab, generator=g).double()).softmax(-1)
+    draft = dense.float().expand(rows, -1, -1).clone()  # [R, γ, V]
+    tokens = torch.multinomial(dense, rows, replacement=True, generator=g).T.contiguous()
+    hot = torch.arange(rows) % 2 == 0
+    fixed = torch.randint(0, vocab, (rows,), generator=g)
+    tokens[hot, 0] = fixed[hot]
+    draft[hot, 0] = torch.nn.functional.one_hot(fixed[hot], vocab).float()
+    generator = torch.Generator().manual_seed(22)
+    out = ssg.verify_chain("greedy", tokens, target, draft, generator=generator)
+    assert first_token_pvalue(out.tokens[:, 0], target[0, 0]) > 1e-4
