@@ -419,28 +419,18 @@ def specsampling_forward(self, metadata, draft_probs, logits, sampling_metadata)
     target = raw_target if processed_mode else raw_target.clone()
     target = self.apply_logits_processors(target, sampling_metadata, metadata)
     rows = raw_target.shape[0] + batch_size  # T + B, each request's rows consecutive
+    greedy = probs = flat = None
     if sampling_metadata.all_greedy:  # point masses on the argmax: no [T + B, V] table built
         argmax = torch.empty(rows, dtype=torch.long, device=logits.device)  # [T + B]
         argmax[metadata.target_logits_indices] = ops.argmax_blocks(target)
         argmax[metadata.bonus_logits_indices] = ops.argmax_blocks(bonus)
-        output_token_ids = verify_step(
-            config.scheme,
-            metadata.draft_token_ids,
-            counts,
-            None,
-            None,
-            None,
-            sampling_metadata.generators,
-            config.validate,
-            argmax=argmax,
-        )
-        flat = None
+        draft_probs = None  # greedy drafts are argmaxes: point masses
     else:
         flat = torch.empty((rows, logits.shape[1]), dtype=torch.float32, device=logits.device)
         flat[metadata.target_logits_indices] = target  # [T + B, V] in vLLM's logits order
         flat[metadata.bonus_logits_indices] = bonus
         temperature = sampling_metadata.temperature  # [B]
-        greedy = argmax = None
+        argmax = None
         if not sampling_metadata.all_random:  # greedy requests: the processed logits' argmax
             greedy = temperature == 0
             argmax = ops.argmax_blocks(flat)  # [T + B]
@@ -457,17 +447,17 @@ def specsampling_forward(self, metadata, draft_probs, logits, sampling_metadata)
                 "(draft_sample_method='probabilistic'; its 'Missing cached draft "
                 f"probabilities' fallback); {config.scheme!r} cannot verify them exactly"
             )
-        output_token_ids = verify_step(
-            config.scheme,
-            metadata.draft_token_ids,
-            counts,
-            probs,
-            draft_probs,
-            greedy,
-            sampling_metadata.generators,
-            config.validate,
-            argmax=argmax,
-        )
+    output_token_ids = verify_step(
+        config.scheme,
+        metadata.draft_token_ids,
+        counts,
+        probs,
+        draft_probs,
+        greedy,
+        sampling_metadata.generators,
+        config.validate,
+        argmax=argmax,
+    )
     logprobs_tensors = None
     if sampling_metadata.max_num_logprobs is not None:
         if processed_mode and flat is None:  # all greedy: vLLM applies no temperature
