@@ -36,6 +36,15 @@ How each step is computed:
   exactly the full sort's. ``m`` is the whole vocabulary up to 4,096 tokens, else
   ``max(4096, V // 8)``, or one more than a host-known largest ``k < V``. Which rows need the
   full sort is learnt by one host read, on top of validation's.
+* **Top-p alone, ``validate=True``** (top-k off on every row, known on the host): the partial
+  sort's values come from a radix select's first pass instead of ``torch.topk``
+  (:func:`_nucleus_candidates`): each row's mass per float key (exponent and three mantissa
+  bits) by one ``scatter_add``, the highest key at which ``top_p`` of the mass is reached, and
+  every token at or above that key's smallest value, gathered and sorted. Those are an exact top
+  of the ranking whatever the guess, so the rows are decided exactly as above, and a row whose
+  guess fell short goes to the full sort. No sort of the whole vocabulary and no ``topk`` of
+  thousands of ranks (a flat row's candidates are still most of its vocabulary, sorted). One
+  more host read: the widest row's count.
 * **Top-k and top-p, ``validate=False``**: no host read at all, so no row can be sent to the
   fallback: top-k alone with a host-known largest ``k < V`` takes ``torch.topk`` and a threshold;
   anything with top-p takes the full stable sort of every row (the same tokens as above, bit for
@@ -98,11 +107,11 @@ def process(
     validate : bool, default True
         Check the values of tensor inputs (NaN / +inf logits, all ``-inf`` rows, per-row tensor
         parameters), raising the reference's errors. This costs one host synchronisation, and
-        with top-k or top-p on one more, which lets top-k / top-p run on a partial sort (rows it
-        cannot decide go to the full sort). With ``validate=False`` the call never synchronises
-        (for decoding loops whose inputs are known to be valid; invalid values then give NaN
-        rows) and top-p takes the full sort: the same tokens, slower. Python scalars and
-        sequences are always checked, on the host, at no device cost.
+        with top-k or top-p on one more (top-p alone: two), which lets top-k / top-p run on a
+        partial sort (rows it cannot decide go to the full sort). With ``validate=False`` the
+        call never synchronises (for decoding loops whose inputs are known to be valid; invalid
+        values then give NaN rows) and top-p takes the full sort: the same tokens, slower.
+        Python scalars and sequences are always checked, on the host, at no device cost.
 
     Returns
     -------
@@ -202,10 +211,15 @@ def _drop(
     small_k = top_k.host and top_k.host_max < vocab_size
     masses = torch.where(top_p.rows >= 1, math.inf, top_p.rows.to(probs.dtype))  # [R]
     if validate:
-        size = _prefix_size(vocab_size)
-        if small_k:  # one more than the largest k: shows whether its ties go past it
-            size = min(size, int(top_k.host_max) + 1)
-        return _top_p_with_fallback(probs, counts, masses, size)
+        if use_p and not use_k:  # top-p alone: the candidates of a radix histogram
+            values, valid = _nucleus_candidates(probs, masses)
+        else:
+            size = _prefix_size(vocab_size)
+            if small_k:  # one more than the largest k: shows whether its ties go past it
+                size = min(size, int(top_k.host_max) + 1)
+            values = torch.topk(probs, size, dim=-1).values  # [R, size], decreasing
+            valid = torch.full(counts.shape, size, device=probs.device)  # [R]
+        return _top_p_with_fallback(probs, counts, masses, values, valid)
     if not use_p and small_k:
         return ~_top_k_by_threshold(probs, counts, int(top_k.host_max))
     return ~_keep_sorted(probs, counts, masses)
@@ -238,21 +252,88 @@ def _kept_total(probs, kept, last, counts) -> torch.Tensor:
 
 
 def _top_p_with_fallback(
-    probs: torch.Tensor, counts: torch.Tensor, masses: torch.Tensor, m: int
+    probs: torch.Tensor,
+    counts: torch.Tensor,
+    masses: torch.Tensor,
+    values: torch.Tensor,
+    valid: torch.Tensor,
 ) -> torch.Tensor:
     """:func:`_top_p_prefix` on every row, then the full sort on the rows it leaves undecided
     (``[R, V]`` bool, the dropped tokens). One host read: the rows' flags."""
-    last_value, num_kept, decided, partial = _top_p_prefix(probs, counts, masses, m)
+    last_value, num_kept, decided, partial = _top_p_prefix(probs, counts, masses, values, valid)
     flags = torch.stack([~decided, partial & decided]).tolist()  # the host read
-    if any(flags[1]):  # rare: the last kept value's tie group is cut; keep its lowest ids only
-        drop = ~_top_k_from_kth(probs, num_kept, last_value)  # [R, V]
-    else:
-        drop = probs < last_value  # [R, V]
+    drop = probs < last_value  # [R, V]
+    tied_rows = [row for row, flag in enumerate(flags[1]) if flag]
+    if tied_rows:  # rare: the last kept value's tie group is cut; keep its lowest ids only
+        index = torch.tensor(tied_rows, device=probs.device)  # [U]
+        drop[index] = ~_top_k_from_kth(probs[index], num_kept[index], last_value[index])
     rows = [row for row, flag in enumerate(flags[0]) if flag]
     if rows:
         index = torch.tensor(rows, device=probs.device)  # [U]
         drop[index] = ~_keep_sorted(probs[index], counts[index], masses[index])
     return drop
+
+
+#: The radix keys of :func:`_nucleus_candidates`, per dtype: the signed integer of the same width
+#: and the shift that keeps a float's exponent and its 3 highest mantissa bits. A non-negative
+#: float's bits order as the float does, so each key holds the values of one interval whose ends
+#: are at most a factor 2 ** (1 / 8) apart.
+_RADIX = {torch.float32: (torch.int32, 20), torch.float64: (torch.int64, 49)}
+
+#: How far the histogram's guess overshoots ``top_p``, relative: its float sums are only a guess
+#: (the exact test is :func:`_top_p_prefix`'s), and a short guess costs a row the full sort.
+_CANDIDATE_MARGIN = 1e-3
+
+#: Elements per row chunk on the CPU: an 8 MB int64 key buffer, under glibc's largest mmap
+#: threshold (32 MB), so that each chunk's temporaries reuse the heap instead of faulting in
+#: fresh pages (a fresh [576, 32,000] buffer costs about twice the softmax that fills it).
+_CHUNK_ELEMENTS = 2**20
+
+
+def _nucleus_candidates(
+    probs: torch.Tensor, masses: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""Each row's likely nucleus, sorted: ``(values [R, w], valid [R])``, for
+    :func:`_top_p_prefix`.
+
+    A radix select's first pass: each row's mass per key (the float's top bits, :data:`_RADIX`)
+    by one ``scatter_add``, then, from the highest key down, the first key where the mass reaches
+    ``top_p (1 + margin)`` of the row's (capped at the row's total). The candidates are every
+    token at or above that key's smallest value ``tau``: an exact top of the ranking, whatever
+    ``tau`` is, so :func:`_top_p_prefix` decides the row exactly from them, or sends it to the full
+    sort when the guess fell short. They are gathered in token order, padded with zeros to the
+    widest row and sorted: ``valid`` of them per row, ``values[r, valid[r]:] = 0``. Rows with
+    top-p off get none. On the CPU rows go in chunks of :data:`_CHUNK_ELEMENTS` elements. One
+    host read: the widest row.
+    """
+    num_rows, vocab_size = probs.shape
+    int_dtype, shift = _RADIX[probs.dtype]
+    num_keys = 1 << (torch.finfo(probs.dtype).bits - 1 - shift)
+    step = num_rows if probs.device.type != "cpu" else max(1, _CHUNK_ELEMENTS // vocab_size)
+    step = min(step, num_rows)
+    key_buffer = torch.empty(step, vocab_size, dtype=torch.int64, device=probs.device)
+    chosen_buffer = torch.empty(step, vocab_size, dtype=torch.bool, device=probs.device)
+    counts, flats = [], []
+    for start in range(0, num_rows, step):
+        chunk = probs[start : start + step]  # [c, V]
+        keys = key_buffer[: len(chunk)]  # [c, V]
+        keys.copy_(chunk.view(int_dtype)).bitwise_right_shift_(shift)
+        mass = torch.zeros(len(chunk), num_keys, dtype=probs.dtype, device=probs.device)
+        mass = mass.scatter_add_(-1, keys, chunk).flip(-1).cumsum(-1)  # [c, K], top keys first
+        share = masses[start : start + step, None] * (1 + _CANDIDATE_MARGIN)  # [c, 1]
+        need = mass[:, -1:] * share.clamp(max=1.0).to(probs.dtype)  # [c, 1]
+        key = num_keys - 1 - (mass < need).sum(-1)  # [c]: the first key reaching it, from the top
+        tau = (key << shift).to(int_dtype).view(probs.dtype)  # [c]: that key's smallest value
+        tau = torch.where(share[:, 0] == math.inf, math.inf, tau)  # [c]: top-p off, none
+        chosen = torch.ge(chunk, tau[:, None], out=chosen_buffer[: len(chunk)])  # [c, V]
+        counts.append(chosen.sum(-1))
+        flats.append(chunk[chosen])  # row-major: each row's candidates in token order
+    valid = torch.cat(counts)  # [R]
+    width = max(1, int(valid.max()))  # the host read
+    slots = torch.arange(width, device=probs.device) < valid[:, None]  # [R, w]
+    table = torch.zeros(num_rows, width, dtype=probs.dtype, device=probs.device)
+    table.masked_scatter_(slots, torch.cat(flats))  # [R, w]: row r's candidates, then zeros
+    return table.sort(dim=-1, descending=True).values, valid
 
 
 def _prefix_size(vocab_size: int) -> int:
@@ -262,48 +343,53 @@ def _prefix_size(vocab_size: int) -> int:
 
 
 def _top_p_prefix(
-    probs: torch.Tensor, counts: torch.Tensor, masses: torch.Tensor, m: int
+    probs: torch.Tensor,
+    counts: torch.Tensor,
+    masses: torch.Tensor,
+    values: torch.Tensor,
+    valid: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    r"""Top-k then top-p from the first ``m`` ranks of every row of ``probs [R, V]``.
+    r"""Top-k then top-p from the first ranks of every row of ``probs [R, V]``.
 
-    Returns ``(last_value [R, 1], num_kept [R], decided [R], partial [R])``.
+    ``values [R, m]`` holds, decreasing, the first ``valid [R]`` values of each row's stable
+    ranking (a partial sort: ``torch.topk``, or :func:`_nucleus_candidates`), then zeros. Returns
+    ``(last_value [R, 1], num_kept [R], decided [R], partial [R])``.
 
-    ``torch.topk(m)`` gives the first ``m`` *values* of the stable ranking exactly (its order
-    among equal values is unspecified, but equal values are interchangeable in a cumulative sum),
-    so the sequential cumulative masses of those ranks, in the same dtype, are bit for bit the
-    first ``m`` of :func:`_keep_sorted`'s. A row is **decided** when its kept ranks are settled
-    by them alone:
+    Those first values are exact (their order among equal values is unspecified, but equal values
+    are interchangeable in a cumulative sum), so the sequential cumulative masses of those ranks,
+    in the same dtype, are bit for bit the first ``valid`` of :func:`_keep_sorted`'s. A row is
+    **decided** when its kept ranks are settled by them alone:
 
     * the threshold ``top_p * p(K)`` is known: exactly where :func:`_kept_total` can be formed
-      from the prefix (below float64 whenever ``k <= m`` or ``k >= V``; in float64 when
-      ``k <= m``, from the kept prefix padded with zeros, which is the reference's own ranked
+      from the prefix (below float64 whenever ``k <= valid`` or ``k >= V``; in float64 when
+      ``k <= valid``, from the kept prefix padded with zeros, which is the reference's own ranked
       kept row), otherwise (float64, ``k >= V``) within a rigorous band around ``top_p`` times
       the token-order pairwise sum: both sums err by at most ``h u`` relative, ``h <= 25 +
       log2 V`` the height of numpy's summation tree, and a rank whose mass-before falls inside
       the band leaves the row undecided;
-    * every rank at or past ``m`` is dropped: ``k <= m``, or the prefix's last cumulative mass
-      clears the threshold by a few ulps (sequential sums of non-negative numbers never
+    * every rank at or past ``valid`` is dropped: ``k <= valid``, or the prefix's last cumulative
+      mass clears the threshold by a few ulps (sequential sums of non-negative numbers never
       decrease, so every later mass-before is at least that, less one rounding);
     * the kept ranks form a prefix ``0 .. r - 1`` (checked, not assumed).
 
     Then top-p is top-k with ``k = r``: every token above the ``r``-th value ``v`` and, of those
     equal to ``v``, the lowest ids. Where the ranking keeps every token equal to ``v`` that is
     ``probs >= v``; a row where it may not is flagged **partial** (conservatively: also when the
-    tie group reaches rank ``m - 1``), for :func:`_top_k_from_kth`. A row with top-p off and
+    tie group reaches rank ``valid - 1``), for :func:`_top_k_from_kth`. A row with top-p off and
     ``k >= V`` keeps everything (``v = -1``).
     """
     vocab_size = probs.shape[-1]
-    values = torch.topk(probs, m, dim=-1).values  # [R, m], decreasing
+    m = values.shape[-1]
     ranks = torch.arange(m, device=probs.device)  # [m]
-    in_k = ranks < counts[:, None]  # [R, m]
+    in_k = ranks < torch.minimum(counts, valid)[:, None]  # [R, m]
     kept = torch.where(in_k, values, torch.zeros_like(values))  # [R, m]
-    cumulative = kept.cumsum(-1)  # [R, m]: the full sort's first m cumulative masses
+    cumulative = kept.cumsum(-1)  # [R, m]: the full sort's first `valid` cumulative masses
     mass_before = cumulative - kept  # [R, m]
-    k_inside = counts <= m  # [R]
+    k_inside = counts <= valid  # [R]
     off = masses == math.inf  # [R]: top-k only
     if probs.dtype == torch.float64:
         unit = 2.0**-53
-        padded = torch.zeros_like(probs)  # [R, V]: the reference's ranked kept row if k <= m
+        padded = torch.zeros_like(probs)  # [R, V]: the reference's ranked kept row if k <= valid
         padded[:, :m] = kept
         total = torch.where(k_inside, _row_sum(padded)[:, 0], _row_sum(probs)[:, 0])  # [R]
         centre = masses * total  # [R]
@@ -312,7 +398,7 @@ def _top_p_prefix(
         low, high = centre - band, centre + band  # [R] each
     else:
         unit = float(torch.finfo(probs.dtype).eps)
-        last = cumulative[:, -1:]  # [R, 1]: p(K) where top-k is on and k <= m
+        last = cumulative[:, -1:]  # [R, 1]: p(K) where top-k is on and k <= valid
         total = torch.where(counts[:, None] < vocab_size, last, probs.sum(-1, keepdim=True))
         low = high = (masses[:, None] * total)[:, 0]  # [R], compared in the dtype as there
     sure_in = mass_before < low[:, None]  # [R, m]
@@ -331,7 +417,8 @@ def _top_p_prefix(
     num_kept = torch.where(keep_all, vocab_size, num_kept)  # [R]
     above = (values > last_value).sum(-1)  # [R]: every token above v is ranked in the prefix
     tied = (values == last_value).sum(-1)  # [R]: those equal to v in the prefix
-    reaches_end = (values[:, -1:] == last_value)[:, 0] & (m < vocab_size)  # [R]
+    end = values.gather(-1, (valid.clamp(1, m) - 1)[:, None])  # [R, 1]: the last exact rank
+    reaches_end = (end == last_value)[:, 0] & (valid < vocab_size)  # [R]
     partial = ~keep_all & ((num_kept - above < tied) | reaches_end)  # [R]
     return last_value, num_kept, decided, partial
 

@@ -98,6 +98,7 @@ class RowCounter:
             self.rows += probs.shape[0]
             return original(probs, counts, masses)
 
+        counted.rows = lambda: self.rows
         monkeypatch.setattr(processing, "_keep_sorted", counted)
 
 
@@ -164,6 +165,104 @@ def test_large_vocabulary_with_flat_rows_and_exact_thresholds(monkeypatch):
 
 
 # ----------------------------------------------------------------------------------------------
+# Top-p alone: the candidates of a radix histogram (``_nucleus_candidates``)
+
+
+def check_candidates_route(vocab_size: int, dtype: torch.dtype, seed: int) -> tuple[int, int]:
+    """Assert top-p alone (per-row ``top_p``, top-k off) keeps the full sort's tokens bit for bit
+    and, in float64, the reference's; returns (rows in the grid, rows of the fast call that
+    reached the full sort, where a :class:`RowCounter` is installed)."""
+    logits, temperature, _, top_p, _ = grid(vocab_size, seed)
+    x = torch.tensor(logits).to(dtype)
+    before = getattr(processing._keep_sorted, "rows", lambda: 0)()
+    fast = process(x, temperature, None, top_p)
+    fallback = getattr(processing._keep_sorted, "rows", lambda: 0)() - before
+    assert torch.equal(fast, process(x, temperature, None, top_p, validate=False))
+    if dtype == torch.float64:
+        rows = zip(logits, temperature, top_p, strict=True)
+        expected = np.stack([ss.process(row, t, None, p) for row, t, p in rows])
+        assert mismatches(fast, expected) == (0, 0)
+    return len(logits), fallback
+
+
+class CandidateCounter:
+    """Counts the calls of the candidates' route."""
+
+    def __init__(self, monkeypatch):
+        self.calls = 0
+        original = processing._nucleus_candidates
+
+        def counted(probs, masses):
+            self.calls += 1
+            return original(probs, masses)
+
+        monkeypatch.setattr(processing, "_nucleus_candidates", counted)
+
+
+@pytest.mark.parametrize("margin", [1e-3, -0.5, 0.0])
+@pytest.mark.parametrize("chunk", [None, 64])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("vocab_size", [1, 2, 7, 40, 300])
+def test_top_p_alone_by_candidates_keeps_the_sorted_tokens(
+    margin, chunk, dtype, vocab_size, monkeypatch
+):
+    """Every guess of the histogram is sound: a short one (margin -0.5: the candidates hold half
+    the needed mass) sends rows to the full sort, a tight one (0) decides them at the edge.
+    ``chunk = 64`` elements: many row chunks, the last one ragged."""
+    monkeypatch.setattr(processing, "_CANDIDATE_MARGIN", margin)
+    if chunk is not None:
+        monkeypatch.setattr(processing, "_CHUNK_ELEMENTS", chunk)
+    route = CandidateCounter(monkeypatch)
+    RowCounter(monkeypatch)
+    num_rows, fallback = check_candidates_route(vocab_size, dtype, seed=2)
+    assert route.calls == 1
+    if margin < 0 and vocab_size > 2:
+        assert 0 < fallback < num_rows  # both the candidates and the full sort decide rows
+
+
+def test_candidates_are_the_top_of_the_ranking():
+    """Each row's candidates are its ``valid`` largest values, sorted, then zeros, and hold at
+    least ``top_p`` of its mass (within the histogram's rounding); top-p off: none."""
+    rng = np.random.default_rng(4)
+    for dtype in [torch.float32, torch.float64]:
+        probs = torch.tensor(rng.dirichlet(np.full(500, 0.05), size=12)).to(dtype)
+        masses = torch.tensor([0.9, 0.5, 1e-9, 0.999, math.inf, 0.3] * 2, dtype=torch.float64)
+        values, valid = processing._nucleus_candidates(probs, masses)
+        ranked = probs.sort(-1, descending=True).values
+        for row in range(12):
+            count = int(valid[row])
+            assert torch.equal(values[row, :count], ranked[row, :count])
+            assert (values[row, count:] == 0).all()
+            if masses[row] == math.inf:
+                assert count == 0
+            else:
+                assert ranked[row, :count].double().sum() >= masses[row] * (1 - 1e-5)
+                assert count < 500 or masses[row] > 0.99
+
+
+def test_float32_at_large_vocabularies_by_candidates(monkeypatch):
+    """V = 32,000 and 151,936 with nuclei of thousands of tokens, tied masses and flat rows:
+    the candidates decide (almost) every row, equal to the full sort bit for bit."""
+    fallback = RowCounter(monkeypatch)
+    fast_rows = 0
+    rng = np.random.default_rng(7)
+    for vocab_size in [32_000, 151_936]:
+        rows = [
+            rng.normal(size=vocab_size) * 3,
+            rng.normal(size=vocab_size),
+            np.zeros(vocab_size),  # flat: every token ties
+            rng.integers(0, 3, vocab_size).astype(np.float64),  # three tie groups
+        ]
+        x = torch.tensor(np.stack(rows), dtype=torch.float32)
+        for top_p in [0.9, 0.5, [0.95, 0.3, 0.75, 0.6]]:
+            before = fallback.rows
+            fast = process(x, 1.0, None, top_p)
+            fast_rows += fallback.rows - before
+            assert torch.equal(fast, process(x, 1.0, None, top_p, validate=False))
+    assert fast_rows <= 2
+
+
+# ----------------------------------------------------------------------------------------------
 # Mutants of the threshold: one token too many must be caught
 
 
@@ -181,10 +280,9 @@ def one_more_mutant():
     """``_top_p_prefix`` keeping the first dropped rank too (``r + 1`` tokens)."""
     original = processing._top_p_prefix
 
-    def mutant(probs, counts, masses, m):
-        last_value, num_kept, decided, partial = original(probs, counts, masses, m)
-        values = torch.topk(probs, m, dim=-1).values
-        more = (num_kept + 1).clamp(max=m)
+    def mutant(probs, counts, masses, values, valid):
+        last_value, num_kept, decided, partial = original(probs, counts, masses, values, valid)
+        more = torch.minimum(num_kept + 1, valid.clamp(min=1))
         last_value = torch.where(last_value < 0, last_value, values.gather(-1, more[:, None] - 1))
         return last_value, more, decided, torch.ones_like(partial)
 
@@ -199,6 +297,12 @@ def test_threshold_mutants_are_caught(make_mutant, monkeypatch):
         check_float64_against_reference(40, seed=0)
     with pytest.raises(AssertionError):
         test_fast_path_equals_the_full_sort_bit_for_bit(16, torch.float32, 40)
+    # Top-p alone (the radix candidates' route). In float64 with top-k off a mass-before within
+    # a band around the threshold goes to the full sort, so "<=" differs from "<" only in float32.
+    dtypes = [torch.float32] + [torch.float64] * (make_mutant is one_more_mutant)
+    for dtype in dtypes:
+        with pytest.raises(AssertionError):
+            check_candidates_route(40, dtype, seed=0)
 
 
 # ----------------------------------------------------------------------------------------------
