@@ -398,3 +398,50 @@ def test_laws_the_reference_is_not_exact_for_are_refused() -> None:
         ssg.verify("nope", batch, target, draft, noise)
     with pytest.raises(ss.UnsupportedShape, match="'gumbel' is a keyed coupling"):
         ssg.verify("gumbel", batch, target, draft, noise)
+
+
+@pytest.mark.parametrize("name", ["ot_optimal", "ot_binned", "khisti", "resispec"])
+def test_host_planned_lowerings_plan_only_the_nodes_the_walk_reaches(name, monkeypatch) -> None:
+    """The host plan runs once per multi-candidate node on each row's walked path (the root to
+    the verdict's node, both ends included), level by level, never for a node the walk skips, and
+    the verdicts stay the reference's. Branching trees whose rows stop at every depth."""
+    lowering = ssg.SCHEMES[name]
+    if name == "resispec":
+        target_object, method = lowering.policy.reference, "at_node"
+    else:
+        target_object, method = lowering.scheme, "decision"
+    owner = type(target_object)  # the class: the policies are frozen dataclasses
+    original = getattr(owner, method)
+    calls: list[int] = []
+
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        return original(self, *args, **kwargs)
+
+    shape = ss.Shape.branching((2, 3, 2), replacement=True)
+    pair = ss.pairs.Random(12, seed=3)
+    rng = np.random.default_rng(5)
+    rounds = []
+    for _ in range(16):
+        tree = shape.draft(pair, rng)
+        rounds.append((tree, *tables(pair, tree), ss.Noise.draw(rng, tree.num_nodes)))
+    batch = ssg.TreeBatch.from_trees([r[0] for r in rounds])
+    target, draft = ssg.tables_batch([r[1] for r in rounds], [r[2] for r in rounds])
+    noise = ssg.Noise.from_reference([r[3] for r in rounds])
+    monkeypatch.setattr(owner, method, counted)
+    out = ssg.verify(name, batch, target, draft, noise)
+    monkeypatch.setattr(owner, method, original)
+    expected_calls, depths = 0, set()
+    for row, (tree, t, d, n) in enumerate(rounds):
+        assert (int(out.node[row]), int(out.token[row])) == tuple(
+            ss.SCHEMES[name].verify(tree, t, d, n)
+        )
+        node, path = int(out.node[row]), []
+        while node != -1:
+            path.append(node)
+            node = tree.parents[node] if node else -1
+        expected_calls += sum(len(tree.candidates[v]) >= 2 for v in path)
+        depths.add(len(path))
+    assert len(depths) >= 3  # rows stop at several depths
+    total = sum(len(tree.candidates[v]) >= 2 for tree, *_ in rounds for v in range(tree.num_nodes))
+    assert len(calls) == expected_calls < total

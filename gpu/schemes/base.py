@@ -192,16 +192,30 @@ class NodeLowering(TreeLowering):
     extras; by default there are none and :meth:`step` is :meth:`node_step`.
     """
 
-    hot_path: ClassVar[tuple[str, ...]] = ("walk", "step", "node_step")
+    hot_path: ClassVar[tuple[str, ...]] = ("walk", "level_extras", "step", "node_step")
 
     def node_extras(
         self,
         batch: TreeBatch,
         target_probs: torch.Tensor,  # [B, N, V]
         draft_probs: torch.Tensor,  # [B, N, V]
-    ) -> torch.Tensor:
-        """Per-node parameters ``[B, N, P]`` for :meth:`step`, once per call (default ``P = 0``)."""
+    ) -> Any:
+        """Per-node parameters ``[B, N, P]`` for :meth:`step`, once per call (default ``P = 0``),
+        read by :meth:`level_extras`."""
         return draft_probs.new_zeros(batch.batch_size, draft_probs.shape[1], 0)
+
+    def level_extras(
+        self,
+        extras: Any,  # what node_extras gave: [B, N, P], or a ReachedPlan
+        depth: int,
+        node: torch.Tensor,  # [B]
+        done: torch.Tensor,  # [B] bool
+    ) -> torch.Tensor:
+        """The extras of every row's node at iteration ``depth`` of the walk, ``[B, P]``: the
+        rows of ``node_extras``' table (sync-free). A host-planned rule overrides it to plan
+        there only the nodes the walk reaches (:class:`ReachedPlan`)."""
+        table: torch.Tensor = extras  # [B, N, P]
+        return table[torch.arange(node.shape[0], device=node.device), node]  # [B, P]
 
     def step(
         self,
@@ -266,7 +280,7 @@ class NodeLowering(TreeLowering):
             draft = draft_probs[rows, node]  # [B, V]
             leaf = ~valid.any(-1)  # [B]
 
-            extra = extras[rows, node]  # [B, P]
+            extra = self.level_extras(extras, depth, node, walk.done)  # [B, P]
             step = self.step(extra, target, draft, candidate_tokens, valid, accept_uniforms)
             bonus = target_probs[rows, self.bonus_row(batch, node)]  # [B, V]
             stop_probs = torch.where(leaf[:, None], bonus, step.stop_probs)  # [B, V]
@@ -282,11 +296,65 @@ class NodeLowering(TreeLowering):
         return walk.verified(batch.depth)
 
 
+class ReachedPlan:
+    """A host plan of the nodes with two or more candidates that a walk reaches, made level by
+    level: what a host-planned rule's :meth:`NodeLowering.level_extras` returns instead of a
+    table of every node.
+
+    ``default(node [B]) -> [B, P]`` gives the extras of nodes not planned (sync-free);
+    ``plan(pairs) -> [M, P]`` plans the ``(row, node)`` pairs on the host. Built with one host
+    read (which nodes have two or more candidates, at which depths; none at all when no node can
+    have two, e.g. chains); then :meth:`at` reads the rows' nodes once per depth that holds such
+    a node (none at the root, where every row starts) and plans only the live rows' nodes there,
+    as the reference plans only the nodes its walk visits. Unvisited nodes cost nothing.
+    """
+
+    def __init__(
+        self,
+        batch: TreeBatch,
+        default: Callable[[torch.Tensor], torch.Tensor],
+        plan: Callable[[list[tuple[int, int]]], torch.Tensor],
+    ) -> None:
+        self.default = default
+        self.plan = plan
+        self.multi: list[list[bool]] = []
+        self.levels: set[int] = set()
+        if batch.candidates.shape[-1] >= 2:  # static: otherwise no node has two candidates
+            multi = (batch.candidates != PAD).sum(-1) >= 2  # [B, N]
+            depth = torch.where(multi, batch.depth, -1)  # [B, N]
+            both = torch.stack([multi.long(), depth]).tolist()  # the host read
+            self.multi = [[bool(flag) for flag in row] for row in both[0]]
+            self.levels = {level for row in both[1] for level in row if level >= 0}
+
+    def at(self, depth: int, node: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
+        """The extras of every row's node at walk iteration ``depth`` (``[B, P]``), planning the
+        live rows' multi-candidate nodes (one host read when ``depth`` holds any)."""
+        out = self.default(node)  # [B, P]
+        if depth not in self.levels:
+            return out
+        if depth == 0:  # every row is at the root and walking
+            nodes, stopped = [0] * node.shape[0], [0] * node.shape[0]
+        else:
+            nodes, stopped = torch.stack([node, done.long()]).tolist()  # the host read
+        pairs = [
+            (row, at)
+            for row, (at, gone) in enumerate(zip(nodes, stopped, strict=True))
+            if not gone and self.multi[row][at]
+        ]
+        if not pairs:
+            return out
+        rows = torch.tensor([row for row, _ in pairs], device=node.device)  # [M]
+        out = out.clone()
+        out[rows] = self.plan(pairs).to(out.device, out.dtype)  # [M, P]
+        return out
+
+
 class HostPlanned(NodeLowering):
     """A node scheme whose multi-candidate decision is planned on the host by its reference.
 
     The reference gives ``decision(tree, node, target_probs, draft_probs) -> (weights per
     distinct child, pi_reject, residual)``; nodes with one candidate run the standard rule here.
+    The plan is made level by level for the nodes the walk reaches (:class:`ReachedPlan`).
     """
 
     hot_path: ClassVar[tuple[str, ...]] = ("walk", "step", "node_step")
@@ -305,39 +373,55 @@ class HostPlanned(NodeLowering):
         batch: TreeBatch,
         target_probs: torch.Tensor,  # [B, N, V]
         draft_probs: torch.Tensor,  # [B, N, V]
-    ) -> torch.Tensor:
-        """``[B, N, C + 1 + V]``: slot weights, ``pi_reject``, residual (host: one sync; a
-        zero-stride view of zeros when no node has two candidates)."""
-        batch_size, num_nodes, vocab_size = target_probs.shape
+    ) -> ReachedPlan:
+        """A :class:`ReachedPlan` of rows ``[C + 1 + V]``: slot weights, ``pi_reject``, residual
+        (float64; zeros at nodes not planned, a zero-stride view when a level plans none).
+
+        Each planned row's tables are copied to the host once, as float64, when the walk first
+        reaches one of its multi-candidate nodes; the reference trees are rebuilt only then."""
+        batch_size, _, vocab_size = target_probs.shape
         slots = batch.candidates.shape[-1]
-        extras = np.zeros((batch_size, num_nodes, slots + 1 + vocab_size))  # [B, N, C + 1 + V]
-        trees = batch.to_trees()
-        planned = [
-            (row, node)
-            for row, tree in enumerate(trees)
-            for node in range(tree.num_nodes)
-            if len(tree.candidates[node]) >= 2
-        ]
         width = slots + 1 + vocab_size
-        if not planned:  # a stride-0 view: no memory, and step reads "nothing planned"
-            return target_probs.new_zeros((1, 1, 1), dtype=torch.float64).expand(
-                batch_size, num_nodes, width
-            )
-        target_np = target_probs.detach().to("cpu", torch.float64).numpy()  # [B, N, V]
-        draft_np = draft_probs.detach().to("cpu", torch.float64).numpy()  # [B, N, V]
-        for row, node in planned:
-            tree = trees[row]
-            weights, rejected, residual = self.scheme.decision(
-                tree, node, target_np[row], draft_np[row]
-            )
-            first_slot: dict[int, int] = {}
-            for slot, child in enumerate(tree.candidates[node]):
-                first_slot.setdefault(child, slot)
-            for child, weight in zip(tree.children(node), weights, strict=True):
-                extras[row, node, first_slot[child]] = weight
-            extras[row, node, slots] = rejected
-            extras[row, node, slots + 1 :] = residual
-        return torch.from_numpy(extras).to(target_probs.device)
+        zeros = target_probs.new_zeros((1, 1), dtype=torch.float64)
+        tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # row -> its [N, V] tables
+        trees: list[Any] = []
+
+        def default(node: torch.Tensor) -> torch.Tensor:
+            return zeros.expand(batch_size, width)  # [B, C + 1 + V]
+
+        def row_tables(row: int) -> tuple[np.ndarray, np.ndarray]:
+            if row not in tables:
+                target, draft = (
+                    t[row].detach().to("cpu", torch.float64).numpy()  # [N, V]
+                    for t in (target_probs, draft_probs)
+                )
+                tables[row] = (target, draft)
+            return tables[row]
+
+        def plan(pairs: list[tuple[int, int]]) -> torch.Tensor:
+            if not trees:
+                trees.extend(batch.to_trees())
+            extras = np.zeros((len(pairs), width))  # [M, C + 1 + V]
+            for index, (row, node) in enumerate(pairs):
+                tree = trees[row]
+                weights, rejected, residual = self.scheme.decision(tree, node, *row_tables(row))
+                first_slot: dict[int, int] = {}
+                for slot, child in enumerate(tree.candidates[node]):
+                    first_slot.setdefault(child, slot)
+                for child, weight in zip(tree.children(node), weights, strict=True):
+                    extras[index, first_slot[child]] = weight
+                extras[index, slots] = rejected
+                extras[index, slots + 1 :] = residual
+            return torch.from_numpy(extras)
+
+        return ReachedPlan(batch, default, plan)
+
+    def level_extras(
+        self, extras: Any, depth: int, node: torch.Tensor, done: torch.Tensor
+    ) -> torch.Tensor:
+        """The reached nodes' plans (:meth:`ReachedPlan.at`: host reads, outside the hot path)."""
+        plan: ReachedPlan = extras
+        return plan.at(depth, node, done)
 
     def step(
         self,

@@ -13,15 +13,18 @@ levels and the split trees built by peeling) is sequential and its float choices
 :math:`D_j`, the argmin of the peel) decide the selection law, so
 :meth:`~specsampling.gpu.schemes.base.HostPlanned.node_extras` runs the reference plan and selection
 (:meth:`~specsampling.schemes.ot_optimal.OTOptimal.decision`, memoised per node) for every node
-with two or more candidates on the host, once per verify call (one host synchronisation, a loop
-over those nodes), and hands the walk per-node tensors: the categorical weights per candidate
+with two or more candidates **that the walk reaches**, on the host, level by level
+(:class:`~specsampling.gpu.schemes.base.ReachedPlan`: one host read per depth holding such a node,
+none at the root, then a loop over the live rows' nodes there), and hands the walk per-node
+tensors: the categorical weights per candidate
 slot (the first slot of each distinct child; 0 on repeats) and :math:`\pi_\text{rej}`, then the
 residual row. Everything after (the categorical draws, the standard rule of one-candidate nodes,
 the walk) is batched on the device. Plan cost at top-k drafting: ``benchmarks/ot_verifiers.py``.
 
 **Cost per node.** The host plan dominates: every verify call pays one reference ``decision``
-per node with two or more candidates, whether or not the walk reaches it (the reference pays the
-same per node it visits). Measured 2026-12-02 at :math:`V = 32{,}000` on a loaded 2-core CPU
+per node with two or more candidates that a row's walk reaches, as the reference pays per node
+it visits (planning every such node up front, as an earlier version did, planned 4.5x as many
+on the tests' ``Shape.branching((2, 3, 2))`` batches). Measured 2026-12-02 at :math:`V = 32{,}000` on a loaded 2-core CPU
 (``Shape.branching((2, 3, 4), replacement=True)``, 8 trees, 71 planned nodes): about 2.3 s per
 planned node for ``ot_optimal``, against well under 0.1 s for the whole batched walk; nodes with
 one candidate cost nothing on the host. Not ``torch.compile``-able with ``fullgraph=True``: the

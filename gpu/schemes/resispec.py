@@ -29,21 +29,23 @@ Policies (one lowering object per reference policy object, :func:`lower_policy`)
   near-ties included (exact ties such as :math:`p = q` are broken by the last bit of a numpy
   pairwise sum). Reproducing that choice bit for bit would need numpy's summation order (and, above
   ``COMPRESS_ABOVE`` tokens, its ``log2`` and ``bincount``) on every device, so
-  :meth:`Optimised.node_parameters` runs the reference optimiser per node on the host (one host
-  synchronisation per verify call, before the walk) and hands the walk the chosen rule as
-  explicit per-node tensors ``(kind, rho, scale, threshold)``; everything after is batched.
-  Only nodes with two or more candidates are planned (the optimiser picks greedy for one), so
-  chains have no host step at all. Its cost is the reference optimiser's: measured 2026-12-02
-  at :math:`V = 32{,}000` on a loaded 2-core CPU about 0.27 s per planned node (the reference
-  pays the same per node it visits; above ``MEMO_VOCAB`` tokens nothing is memoised), far above
-  the batched walk. The explicit policies (``Greedy``, ``ConstantRatio``,
+  :meth:`Optimised.rules` runs the reference optimiser per node on the host, level by level
+  for the nodes the walk reaches (:class:`~specsampling.gpu.schemes.base.ReachedPlan`: one host
+  read per depth holding a node with two or more candidates, none at the root), and hands the
+  walk the chosen rule as explicit per-row tensors ``(kind, rho, scale, threshold)``;
+  everything after is batched. Only nodes with two or more candidates are planned (the
+  optimiser picks greedy for one), so chains have no host step at all. Its cost is the reference
+  optimiser's: measured 2026-12-02 at :math:`V = 32{,}000` on a loaded 2-core CPU about 0.27 s
+  per planned node (the reference pays the same per node it visits; above ``MEMO_VOCAB`` tokens
+  nothing is memoised), far above the batched walk. The explicit policies (``Greedy``, ``ConstantRatio``,
   ``ConfidenceDamping``) have no host step and are the fast, ``torch.compile``-able path.
 
 Cost of the batched part: per candidate slot a handful of ``[B, V]`` passes in the input's
 precision (float32 stays float32; only the accept test's scalars are float64).
 
 How per-row data reaches the rule: :meth:`ResiSpec.node_extras` gives the walk ``[B, N, 1 + P]``
-once per call (column 0 is 1 for a without-replacement row, the others the policy's per-node
+(for ``Optimised`` a :class:`~specsampling.gpu.schemes.base.ReachedPlan` of those rows) once per
+call (column 0 is 1 for a without-replacement row, the others the policy's per-node
 parameters), and :meth:`ResiSpec.step` reads the current node's row.
 """
 
@@ -62,7 +64,7 @@ from specsampling.tree import DrawLaw
 
 from .. import ops
 from ..tree import PAD, TreeBatch
-from .base import NodeLowering, NodeStep
+from .base import NodeLowering, NodeStep, ReachedPlan
 from .spectr import accept_probability, later_copies, optimal_rho, reuse_uniform
 
 #: Resolved-rule kinds of :class:`Optimised` (column 1 of its node parameters).
@@ -206,17 +208,37 @@ class Optimised(Policy):
         candidates, encoded as ``(kind, rho, scale, threshold)``; greedy elsewhere (the
         reference optimiser returns greedy for one candidate, before any search).
 
-        With one candidate slot (chains) nothing is planned: no host synchronisation. Otherwise
-        it runs on the host: one synchronisation, and one reference optimiser call per node with
-        two or more candidates (memoised by the reference for small vocabularies only). Only
-        those nodes' rows are copied to the host; rows of float32/bf16/fp16 tables are
-        renormalised in float64 first."""
+        The whole table at once (the walk plans only the nodes it reaches instead,
+        :meth:`ResiSpec.node_extras`). With one candidate slot (chains) nothing is planned: no
+        host synchronisation. Otherwise one synchronisation, and one reference optimiser call per
+        node with two or more candidates (:meth:`rules`)."""
         greedy = torch.tensor(UNPLANNED, dtype=target_probs.dtype)  # [4]
         out = greedy.to(target_probs.device).expand(*target_probs.shape[:2], 4)  # [B, N, 4]
         if batch.candidates.shape[-1] < 2:  # static: no node has two candidates
             return out
         counts = (batch.candidates != PAD).sum(-1)  # [B, N]
         rows, nodes = (counts >= 2).nonzero(as_tuple=True)  # [M] each (host sync)
+        if rows.numel() == 0:
+            return out
+        rules = self.rules(
+            batch, target_probs, draft_probs, list(zip(rows.tolist(), nodes.tolist(), strict=True))
+        )
+        out = out.clone()
+        out[rows, nodes] = rules.to(out.device, out.dtype)  # [M, 4]
+        return out
+
+    def rules(
+        self,
+        batch: TreeBatch,
+        target_probs: torch.Tensor,  # [B, N, V]
+        draft_probs: torch.Tensor,  # [B, N, V]
+        pairs: list[tuple[int, int]],
+    ) -> torch.Tensor:
+        """``[M, 4]`` float64: the encoded reference rule of each ``(row, node)`` (each with two or
+        more candidates), on the host. Only those nodes' rows are copied there; rows of
+        float32/bf16/fp16 tables are renormalised in float64 first."""
+        rows = torch.tensor([row for row, _ in pairs], device=target_probs.device)  # [M]
+        nodes = torch.tensor([node for _, node in pairs], device=target_probs.device)  # [M]
         target = target_probs[rows, nodes].detach().cpu().to(torch.float64).numpy()  # [M, V]
         draft = draft_probs[rows, nodes].detach().cpu().to(torch.float64).numpy()  # [M, V]
         if target_probs.dtype != torch.float64:
@@ -224,16 +246,12 @@ class Optimised(Policy):
             target, draft = (
                 t / np.maximum(t.sum(-1, keepdims=True), 1e-300) for t in (target, draft)
             )
-        planned = counts[rows, nodes].tolist()
-        rules = [
+        counts = (batch.candidates[rows, nodes] != PAD).sum(-1).tolist()  # [M]
+        encoded = [
             encode(self.reference.at_node(target[index], draft[index], count))
-            for index, count in enumerate(planned)
+            for index, count in enumerate(counts)
         ]
-        if not rules:
-            return out
-        out = out.clone()
-        out[rows, nodes] = torch.tensor(rules, dtype=out.dtype, device=out.device)  # [M, 4]
-        return out
+        return torch.tensor(encoded, dtype=torch.float64).reshape(len(pairs), 4)  # [M, 4]
 
     def at_node(self, target, draft, counts, max_count, parameters):
         kind, rho, scale, threshold = parameters.unbind(-1)  # [B] each
@@ -313,14 +331,38 @@ class ResiSpec(NodeLowering):
         batch: TreeBatch,
         target_probs: torch.Tensor,  # [B, N, V]
         draft_probs: torch.Tensor,  # [B, N, V]
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | ReachedPlan:
         """Each row's law (``1``: without replacement) and the policy's node parameters,
-        ``[B, N, 1 + P]``."""
+        ``[B, N, 1 + P]``; for :class:`Optimised` a :class:`~.base.ReachedPlan` of the same rows,
+        which plans only the nodes the walk reaches."""
         without = [law is DrawLaw.WITHOUT for law in batch.laws]
         law = torch.tensor(without, dtype=draft_probs.dtype, device=draft_probs.device)  # [B]
+        if isinstance(self.policy, Optimised):
+            policy = self.policy
+            unplanned = torch.tensor(UNPLANNED, dtype=law.dtype, device=law.device)  # [4]
+            default_rows = torch.cat([law[:, None], unplanned.expand(len(law), 4)], -1)  # [B, 5]
+
+            def default(node: torch.Tensor) -> torch.Tensor:
+                return default_rows  # [B, 1 + 4]
+
+            def plan(pairs: list[tuple[int, int]]) -> torch.Tensor:
+                rules = policy.rules(batch, target_probs, draft_probs, pairs)  # [M, 4]
+                laws = torch.tensor([[without[row]] for row, _ in pairs], dtype=torch.float64)
+                return torch.cat([laws, rules], -1)  # [M, 1 + 4]
+
+            return ReachedPlan(batch, default, plan)
         law = law[:, None, None].expand(-1, draft_probs.shape[1], 1)  # [B, N, 1]
         parameters = self.policy.node_parameters(batch, target_probs, draft_probs)  # [B, N, P]
         return torch.cat([law, parameters.to(law.dtype)], -1)  # [B, N, 1 + P]
+
+    def level_extras(
+        self, extras: Any, depth: int, node: torch.Tensor, done: torch.Tensor
+    ) -> torch.Tensor:
+        """The current nodes' rows: gathered, or planned where the walk reaches them
+        (:meth:`~.base.ReachedPlan.at`, host reads, outside the hot path)."""
+        if isinstance(extras, ReachedPlan):
+            return extras.at(depth, node, done)
+        return super().level_extras(extras, depth, node, done)
 
     def reuse(self, u: torch.Tensor, accept: torch.Tensor) -> torch.Tensor:
         """The uniform the next copy of a rejected token reads (``[B]``)."""
