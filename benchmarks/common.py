@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -112,15 +113,34 @@ def interleaved_median(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[
     measured under the same machine state. The median, not the best: on a shared virtual
     machine single timings of a memory-bound pass scatter by an order of magnitude in both
     directions, and a best-of picks up the rare fast outlier."""
-    for fn in fns.values():
+    return interleaved_median_within(fns, repeats, math.inf)[0]
+
+
+def interleaved_median_within(
+    fns: dict[str, Callable[[], Any]], repeats: int, budget_s: float
+) -> tuple[dict[str, float], int]:
+    """:func:`interleaved_median` within a time budget: ``(medians, rounds timed)``.
+
+    The warm-up calls are timed; when they took more than ``budget_s`` seconds together, those
+    times are the result (one round, ``0`` returned: no warm-up; for calls of seconds the first
+    call's extra cost is noise), else as many of the ``repeats`` rounds as fit in the budget (at
+    least one) are timed after them."""
+    first: dict[str, float] = {}
+    for name, fn in fns.items():
+        start = time.perf_counter()
         fn()
+        first[name] = time.perf_counter() - start
+    spent = sum(first.values())
+    if spent > budget_s:
+        return first, 0
+    rounds = max(1, min(repeats, int(budget_s / max(spent, 1e-9))))
     times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
+    for _ in range(rounds):
         for name, fn in fns.items():
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)
-    return {name: float(np.median(values)) for name, values in times.items()}
+    return {name: float(np.median(values)) for name, values in times.items()}, rounds
 
 
 def machine_lines(load_before: tuple[float, ...], load_after: tuple[float, ...]) -> str:

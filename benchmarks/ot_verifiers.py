@@ -277,7 +277,8 @@ Each of the k - 1 rounds sorts the vocabulary by its score and solves one LP (Hi
 
 B = 1, float64 tables `[1, k + 1, V]` on the CPU, validation on (the default). The host-planned
 lowerings (`HostPlanned`) copy the tables to numpy and run the reference plan of every node with
-two or more candidates that the walk reaches (here: the star's root); SpecInfer's lowering is batched torch throughout.
+two or more candidates that the walk reaches (here: the star's root); SpecInfer's lowering is
+batched torch throughout.
 """
     report_result(
         text,

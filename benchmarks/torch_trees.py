@@ -12,7 +12,8 @@ and with replacement) are drafted by the reference from a real-size synthetic pa
 (``common.SyntheticPair``: softmax of 3 x N(0, 1) logits, draft = the same plus N(0, 1), per
 prefix), with their tables ``[B, N, V]``. For every registered tree lowering of
 ``specsampling.gpu.SCHEMES`` (iterated at run time) whose reference supports the shape, measured
-side by side in one run, taking turns within each repeat (``common.interleaved_median``):
+side by side in one run, taking turns within each repeat (``common.interleaved_median_within``:
+the repeats that fit in ``--budget`` seconds per scheme and shape):
 
 * the lowering, ``ssg.verify(..., validate=False)`` on float32 tables (fresh noise) and on
   float64 tables (the rows' reference noise);
@@ -38,7 +39,7 @@ import numpy as np
 import torch
 from common import (
     SyntheticPair,
-    interleaved_median,
+    interleaved_median_within,
     is_busy,
     machine_lines,
     parse_torch_args,
@@ -72,7 +73,9 @@ def tree_schemes(shape: ss.Shape) -> tuple[list[str], list[list[str]]]:
     return usable, skipped
 
 
-def measure(shape: ss.Shape, batch_size: int, vocab_size: int, repeats: int, seed: int):
+def measure(
+    shape: ss.Shape, batch_size: int, vocab_size: int, repeats: int, seed: int, budget_s: float
+):
     """Rows of the table for one shape, the floor (s), mean nodes per tree, skipped schemes."""
     usable, skipped = tree_schemes(shape)
     pair = SyntheticPair(vocab_size, seed)
@@ -116,7 +119,7 @@ def measure(shape: ss.Shape, batch_size: int, vocab_size: int, repeats: int, see
             # the check_batch of verify refuses trees for standard: its walk, on the same inputs
             "standard": lambda: standard.walk(batch, target32, draft32, noise),
         }
-        spent = interleaved_median(fns, repeats)  # seconds, median
+        spent, rounds = interleaved_median_within(fns, repeats, budget_s)  # seconds, median
         rows.append(
             [
                 f"`{name}`",
@@ -130,6 +133,7 @@ def measure(shape: ss.Shape, batch_size: int, vocab_size: int, repeats: int, see
                 f"{equal}/{batch_size}",
                 sig(spent["floor"] * 1e3),
                 sig(spent["f32"] / spent["standard"], 2) + "x",
+                str(rounds) if rounds else "1 (no warm-up)",
             ]
         )
     mean_nodes = float(np.mean([tree.num_nodes for tree in trees]))
@@ -148,6 +152,7 @@ HEADER = [
     "equal (f64)",
     "read floor (ms)",
     "f32 / standard",
+    "timed rounds",
 ]
 
 
@@ -157,6 +162,12 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=32_000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=60.0,
+        help="seconds per scheme and shape: slower schemes get fewer timed rounds",
+    )
     args = parse_torch_args(parser)
     if args.quick:
         args.batch, args.vocab, args.repeats = 4, 500, 2
@@ -165,7 +176,9 @@ def main() -> None:
     sections = []
     keyed: dict[str, str] = {}
     for shape in SHAPES:
-        rows, mean_nodes, skipped = measure(shape, args.batch, args.vocab, args.repeats, args.seed)
+        rows, mean_nodes, skipped = measure(
+            shape, args.batch, args.vocab, args.repeats, args.seed, args.budget
+        )
         keyed.update({name: why for name, why in skipped})
         body = table(HEADER, rows) if rows else "No registered tree lowering supports it."
         sections.append(
@@ -198,7 +211,9 @@ beat a full read). "lowering / reference" is the ratio of rounds per second (goa
 >= 100x). "equal" counts rows whose float64 verdict equals the reference's (same noise).
 "f32 / standard" is the lowering's float32 time over the `standard` walk of the same batch
 (slot 0 at every node: as many levels; goal <= 3x).
-Median of {args.repeats} interleaved repeats after a warm-up.
+Median of {args.repeats} interleaved repeats after a warm-up, or as many as fit in
+{args.budget:g} s per scheme and shape ("timed rounds"; a scheme whose warm-up alone takes longer
+is timed by that one call).
 
 {chr(10).join(s + chr(10) for s in sections)}{keyed_text}
 """

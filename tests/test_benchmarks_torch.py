@@ -13,6 +13,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -103,6 +104,27 @@ def test_torch_trees_quick(tmp_path: Path) -> None:
                 assert name in names, (shape_text, name)
         for row in rows:
             assert row[8] == "4/4", (shape_text, row)  # path-wise equal on every row (f64)
+
+
+def test_interleaved_median_within_a_budget() -> None:
+    """Fast calls get every repeat; calls whose warm-up overruns the budget are timed once."""
+    calls = {"a": 0, "b": 0}
+
+    def count(name):
+        def call():
+            calls[name] += 1
+
+        return call
+
+    medians, rounds = common.interleaved_median_within(
+        {name: count(name) for name in calls}, 5, 60.0
+    )
+    assert rounds == 5 and calls == {"a": 6, "b": 6} and set(medians) == {"a", "b"}
+    slow = {"slow": lambda: time.sleep(0.02)}
+    medians, rounds = common.interleaved_median_within(slow, 5, 0.01)
+    assert rounds == 0 and medians["slow"] >= 0.02
+    medians, rounds = common.interleaved_median_within(slow, 9, 0.05)  # 0.05 / 0.02: two fit
+    assert 1 <= rounds <= 2
 
 
 def test_gpu_script_on_cpu(tmp_path: Path) -> None:
