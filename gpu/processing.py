@@ -45,10 +45,12 @@ How each step is computed:
   guess fell short goes to the full sort. No sort of the whole vocabulary and no ``topk`` of
   thousands of ranks (a flat row's candidates are still most of its vocabulary, sorted). One
   more host read: the widest row's count.
-* **Top-k and top-p, ``validate=False``**: no host read at all, so no row can be sent to the
-  fallback: top-k alone with a host-known largest ``k < V`` takes ``torch.topk`` and a threshold;
-  anything with top-p takes the full stable sort of every row (the same tokens as above, bit for
-  bit, only slower).
+* **Top-k and top-p, ``validate=False``**: on the CPU, where reading a value needs no device
+  synchronisation (:func:`_reads_are_free`), exactly the routes above, only the value checks
+  skipped. On an accelerator no host read at all, so no row can be sent to the fallback: top-k
+  alone with a host-known largest ``k < V`` takes ``torch.topk`` and a threshold; anything with
+  top-p takes the full stable sort of every row (the same tokens as above, bit for bit, only
+  slower).
 
 In float64 on CPU a row comes out bit for bit equal to the reference whenever torch's ``exp``
 rounds like numpy's (99% of the test grid's rows; the two ``exp`` differ by one ulp on about 5%
@@ -109,8 +111,10 @@ def process(
         parameters), raising the reference's errors. This costs one host synchronisation, and
         with top-k or top-p on one more (top-p alone: two), which lets top-k / top-p run on a
         partial sort (rows it cannot decide go to the full sort). With ``validate=False`` the
-        call never synchronises (for decoding loops whose inputs are known to be valid; invalid
-        values then give NaN rows) and top-p takes the full sort: the same tokens, slower.
+        call never synchronises with a device (for decoding loops whose inputs are known to be
+        valid; invalid values then give NaN rows): on an accelerator top-p then takes the full
+        sort (the same tokens, slower); on the CPU, where host reads cost no synchronisation,
+        it keeps the partial sort.
         Python scalars and sequences are always checked, on the host, at no device cost.
 
     Returns
@@ -195,10 +199,11 @@ def _drop(
 ) -> torch.Tensor | None:
     """The tokens dropped by top-k then top-p on the stable ranking (``[R, V]`` bool), or None.
 
-    With ``validate=True``: :func:`_top_p_prefix`, a partial sort of ``m`` ranks
-    (:func:`_prefix_size`, or one more than a host-known largest ``k < V``), then the full
-    stable sort of :func:`_keep_sorted` on each row the prefix cannot decide exactly (one host
-    read says which). With ``validate=False`` (no host read allowed): top-k alone with a
+    With ``validate=True``, or on the CPU (:func:`_reads_are_free`): :func:`_top_p_prefix`, a
+    partial sort of ``m`` ranks (:func:`_prefix_size`, or one more than a host-known largest
+    ``k < V``; for top-p alone :func:`_nucleus_candidates`), then the full stable sort of
+    :func:`_keep_sorted` on each row the prefix cannot decide exactly (one host read says which).
+    With ``validate=False`` on an accelerator (no host read allowed): top-k alone with a
     host-known largest ``k < V`` by ``torch.topk`` and a threshold, anything else with top-p by
     the full sort of every row. Parameters known on the host to be off on every row cost nothing.
     """
@@ -210,7 +215,7 @@ def _drop(
     counts = top_k.rows.clamp(max=vocab_size).to(torch.int64)  # [R]
     small_k = top_k.host and top_k.host_max < vocab_size
     masses = torch.where(top_p.rows >= 1, math.inf, top_p.rows.to(probs.dtype))  # [R]
-    if validate:
+    if validate or _reads_are_free(probs.device):
         if use_p and not use_k:  # top-p alone: the candidates of a radix histogram
             values, valid = _nucleus_candidates(probs, masses)
         else:
@@ -223,6 +228,12 @@ def _drop(
     if not use_p and small_k:
         return ~_top_k_by_threshold(probs, counts, int(top_k.host_max))
     return ~_keep_sorted(probs, counts, masses)
+
+
+def _reads_are_free(device: torch.device) -> bool:
+    """Whether a host read of a tensor on ``device`` needs no device synchronisation (the CPU):
+    there ``validate=False`` keeps the partial sort and its host reads."""
+    return device.type == "cpu"
 
 
 def _keep_sorted(probs: torch.Tensor, counts: torch.Tensor, masses: torch.Tensor) -> torch.Tensor:
@@ -323,6 +334,7 @@ def _nucleus_candidates(
         chunk = probs[start : start + step]  # [c, V]
         keys = key_buffer[: len(chunk)]  # [c, V]
         keys.copy_(chunk.view(int_dtype)).bitwise_right_shift_(shift)
+        keys.bitwise_and_(num_keys - 1)  # a no-op on probabilities; a NaN's sign bit dropped
         mass = torch.zeros(len(chunk), num_keys, dtype=probs.dtype, device=probs.device)
         mass = mass.scatter_add_(-1, keys, chunk).flip(-1).cumsum(-1)  # [c, K], top keys first
         share = masses[start : start + step, None] * (1 + _CANDIDATE_MARGIN)  # [c, 1]

@@ -7,7 +7,8 @@ Checked here, with ``m`` patched small so that every branch runs at small vocabu
   on a fuzzed grid (ties, equal probabilities, thresholds hit exactly by dyadic masses, tiny and
   huge temperatures, ``top_p`` near 0 and 1, top-k with top-p, per-row parameters, flat rows
   whose nucleus is most of the vocabulary, so that the fallback runs);
-* the fast path (``validate=True``) equals the full sort (``validate=False``) bit for bit, in
+* the fast path (``validate=True``, and ``validate=False`` on the CPU) equals the full sort
+  (``validate=False`` on an accelerator, :func:`full_sort`) bit for bit, in
   float64 and in float32, and both the prefix and the fallback actually decide rows;
 * mutants of the threshold that keep one token too many are caught by these checks;
 * float32 agrees with float64 within the documented bound, and the fused softmax neither
@@ -19,6 +20,7 @@ from __future__ import annotations
 import inspect
 import math
 import textwrap
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -78,6 +80,13 @@ def mismatches(got: torch.Tensor, expected: np.ndarray) -> tuple[int, int]:
     return int(support.sum()), int((~support & ~close).sum())
 
 
+def full_sort(*args):
+    """``process`` by the full stable sort of every row: the route ``validate=False`` takes on an
+    accelerator (on the CPU it keeps the partial sort, host reads being free there)."""
+    with mock.patch.object(processing, "_reads_are_free", lambda device: False):
+        return process(*args, validate=False)
+
+
 @pytest.fixture
 def prefix_size(request, monkeypatch):
     """Patch the partial sort's length to ``request.param`` (None: leave it)."""
@@ -124,15 +133,17 @@ def test_float64_fast_path_keeps_the_reference_tokens(prefix_size, vocab_size, m
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("vocab_size", [3, 40, 300])
 def test_fast_path_equals_the_full_sort_bit_for_bit(prefix_size, dtype, vocab_size):
-    """validate=True (partial sort + fallback) against validate=False (one full stable sort)."""
+    """validate=True (partial sort + fallback) against one full stable sort; validate=False on
+    the CPU takes the partial sort too."""
     logits, temperature, top_k, top_p, _ = grid(vocab_size, seed=1)
     x = torch.tensor(logits).to(dtype)
     fast = process(x, temperature, top_k, top_p)
-    full = process(x, temperature, top_k, top_p, validate=False)
+    full = full_sort(x, temperature, top_k, top_p)
+    assert torch.equal(process(x, temperature, top_k, top_p, validate=False), fast)
     assert torch.equal(fast, full)
     for k, p in [(None, 0.5), (3, 0.9), (5, None), (None, 1e-12)]:  # host scalars: other routes
         fast = process(x, 0.7, k, p)
-        assert torch.equal(fast, process(x, 0.7, k, p, validate=False)), (k, p)
+        assert torch.equal(fast, full_sort(x, 0.7, k, p)), (k, p)
 
 
 def test_large_vocabulary_with_flat_rows_and_exact_thresholds(monkeypatch):
@@ -161,7 +172,7 @@ def test_large_vocabulary_with_flat_rows_and_exact_thresholds(monkeypatch):
     assert 0 < counter.rows < len(logits)
     x32 = torch.tensor(logits, dtype=torch.float32)
     fast = process(x32, 1.0, top_k, top_p)
-    assert torch.equal(fast, process(x32, 1.0, top_k, top_p, validate=False))
+    assert torch.equal(fast, full_sort(x32, 1.0, top_k, top_p))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -177,7 +188,7 @@ def check_candidates_route(vocab_size: int, dtype: torch.dtype, seed: int) -> tu
     before = getattr(processing._keep_sorted, "rows", lambda: 0)()
     fast = process(x, temperature, None, top_p)
     fallback = getattr(processing._keep_sorted, "rows", lambda: 0)() - before
-    assert torch.equal(fast, process(x, temperature, None, top_p, validate=False))
+    assert torch.equal(fast, full_sort(x, temperature, None, top_p))
     if dtype == torch.float64:
         rows = zip(logits, temperature, top_p, strict=True)
         expected = np.stack([ss.process(row, t, None, p) for row, t, p in rows])
@@ -218,6 +229,29 @@ def test_top_p_alone_by_candidates_keeps_the_sorted_tokens(
     assert route.calls == 1
     if margin < 0 and vocab_size > 2:
         assert 0 < fallback < num_rows  # both the candidates and the full sort decide rows
+
+
+def test_validate_false_keeps_the_partial_sort_on_the_cpu_only(monkeypatch):
+    """On the CPU ``validate=False`` still takes the candidates (host reads are free there); the
+    accelerator route (no host read) takes the full sort; both keep the same tokens."""
+    route = CandidateCounter(monkeypatch)
+    x = torch.tensor(np.random.default_rng(3).normal(size=(6, 500)) * 3, dtype=torch.float32)
+    fast = process(x, 1.0, None, 0.9, validate=False)
+    assert route.calls == 1
+    monkeypatch.setattr(processing, "_reads_are_free", lambda device: False)
+    assert torch.equal(process(x, 1.0, None, 0.9, validate=False), fast)
+    assert route.calls == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_validate_false_gives_nan_rows_for_nan_logits_not_an_error(dtype):
+    """Unchecked NaN logits (negative NaNs included) give NaN rows on the candidates' route, as
+    the contract of validate=False says, not an index error from their radix keys."""
+    x = torch.randn(4, 300, dtype=dtype)
+    x[1, 5], x[2, 7] = math.nan, -math.nan
+    got = process(x, 1.0, None, 0.9, validate=False)
+    assert got.shape == x.shape
+    assert torch.isnan(got[1:3]).all(-1).all()
 
 
 def test_candidates_are_the_top_of_the_ranking():
@@ -274,7 +308,7 @@ def test_float32_at_large_vocabularies_by_candidates(monkeypatch):
             before = fallback.rows
             fast = process(x, 1.0, None, top_p)
             fast_rows += fallback.rows - before
-            assert torch.equal(fast, process(x, 1.0, None, top_p, validate=False))
+            assert torch.equal(fast, full_sort(x, 1.0, None, top_p))
     assert fast_rows <= 2
 
 

@@ -21,13 +21,13 @@ slot (the first slot of each distinct child; 0 on repeats) and :math:`\pi_\text{
 residual row. Everything after (the categorical draws, the standard rule of one-candidate nodes,
 the walk) is batched on the device. Plan cost at top-k drafting: ``benchmarks/ot_verifiers.py``.
 
-**Cost per node.** The host plan dominates: every verify call pays one reference ``decision``
-per node with two or more candidates that a row's walk reaches, as the reference pays per node
-it visits (planning every such node up front, as an earlier version did, planned 4.5x as many
-on the tests' ``Shape.branching((2, 3, 2))`` batches). Measured 2026-12-02 at :math:`V = 32{,}000` on a loaded 2-core CPU
-(``Shape.branching((2, 3, 4), replacement=True)``, 8 trees, 71 planned nodes): about 2.3 s per
-planned node for ``ot_optimal``, against well under 0.1 s for the whole batched walk; nodes with
-one candidate cost nothing on the host. Not ``torch.compile``-able with ``fullgraph=True``: the
+**Cost per node.** The host plan dominates: every verify call pays one reference ``decision`` per
+node with two or more candidates that a row's walk reaches, as the reference pays per node it visits
+(planning every such node up front, as an earlier version did, planned 4.5x as many on the tests'
+``Shape.branching((2, 3, 2))`` batches). Measured 2026-12-02 at :math:`V = 32{,}000` on a loaded
+2-core CPU (``Shape.branching((2, 3, 4), replacement=True)``, 8 trees, 71 planned nodes): about 2.3
+s per planned node for ``ot_optimal``, against well under 0.1 s for the whole batched walk; nodes
+with one candidate cost nothing on the host. Not ``torch.compile``-able with ``fullgraph=True``: the
 plan is numpy on the host (a graph break by construction), only the walk after it traces.
 """
 

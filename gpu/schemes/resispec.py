@@ -37,8 +37,9 @@ Policies (one lowering object per reference policy object, :func:`lower_policy`)
   optimiser picks greedy for one), so chains have no host step at all. Its cost is the reference
   optimiser's: measured 2026-12-02 at :math:`V = 32{,}000` on a loaded 2-core CPU about 0.27 s
   per planned node (the reference pays the same per node it visits; above ``MEMO_VOCAB`` tokens
-  nothing is memoised), far above the batched walk. The explicit policies (``Greedy``, ``ConstantRatio``,
-  ``ConfidenceDamping``) have no host step and are the fast, ``torch.compile``-able path.
+  nothing is memoised), far above the batched walk. The explicit policies (``Greedy``,
+  ``ConstantRatio``, ``ConfidenceDamping``) have no host step and are the fast,
+  ``torch.compile``-able path.
 
 Cost of the batched part: per candidate slot a handful of ``[B, V]`` passes in the input's
 precision (float32 stays float32; only the accept test's scalars are float64).
