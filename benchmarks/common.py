@@ -133,7 +133,8 @@ def interleaved_median_within(
     spent = sum(first.values())
     if spent > budget_s:
         return first, 0
-    rounds = max(1, min(repeats, int(budget_s / max(spent, 1e-9))))
+    fit = budget_s / max(spent, 1e-9)  # rounds the budget holds (inf: no budget)
+    rounds = repeats if fit >= repeats else max(1, int(fit))
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
