@@ -27,12 +27,12 @@ one candidate), ``spectr`` (:math:`\rho^* = 1` with one candidate) and ``resispe
 but a fixed-ratio ``ConstantRatio``), ``spechub``, ``ot_optimal``, ``ot_binned`` and ``khisti``
 (their plans start at two candidates; one candidate is ``standard_step``):
 :func:`takes_standard_rule`, here; ``nss``, ``block`` and ``traversal`` have their own chain
-engines (:mod:`specsampling.gpu.chain_rules`: gathered values, one fused row pass per inner
-position for block/traversal's masses, one stop row). ``greedy`` (Hu et al.), the one other
-registered scheme exact on sampled chains, is the standard rule at a node whose draft has more
-than the drafted token in its support, and NSS's rule (draw :math:`y \sim p` with the sample
-uniform, descend when it is the drafted token) where the drafted token covers it: with
-point-mass drafts (``draft_probs=None``) it takes NSS's engine, with draft tables
+engines (:mod:`specsampling.gpu.chain_rules`: gathered values, a fused row pass for each of
+block/traversal's masses that can decide the verdict, one stop row). ``greedy`` (Hu et al.),
+the one other registered scheme exact on sampled chains, is the standard rule at a node whose
+draft has more than the drafted token in its support, and NSS's rule (draw :math:`y \sim p`
+with the sample uniform, descend when it is the drafted token) where the drafted token covers
+it: with point-mass drafts (``draft_probs=None``) it takes NSS's engine, with draft tables
 :class:`GreedyChain` (both rules at once, one select per lane by the covering mask). Every
 registered scheme exact on sampled chains therefore has a chain engine here; the general walk
 on a :class:`~specsampling.gpu.TreeBatch` of chains (law ``iid``) serves subclasses (mutants).

@@ -23,10 +23,16 @@ node :math:`i` is :math:`h_n = w_n` at the end of the chain and, for :math:`1 \l
 
 .. math:: h_i = \frac{S_i}{S_i + 1 - w_i}, \qquad S_i = \sum_y (w_i\,p_i(y) - q_i(y))_+,
 
-the one genuinely row-level quantity: it is read once per position (one fused pass over the
-rows :math:`p_i, q_i`, :math:`1 \le i < \gamma`, through a reused ``[B, V]`` buffer; for point-
+the one genuinely row-level quantity (one fused pass over the rows :math:`p_i, q_i`; for point-
 mass drafts :math:`q_i` is not read at all: :math:`S_i` is the sum of :math:`w_i p_i` with the
-drafted entry replaced by :math:`(w_i p_i(x_i) - 1)_+`). The rules differ at a zero mass only:
+drafted entry replaced by :math:`(w_i p_i(x_i) - 1)_+`). Since :math:`S_i \le w_i` makes
+:math:`h_i \le w_i`, a node whose uniform is at least :math:`w_i` (up to a rounding margin)
+fails without its mass, and nodes shallower than a passing one cannot be :math:`\tau`. On the
+CPU (host reads are free) only the other rows are read, deepest node first
+(:meth:`BlockChain.deciding_masses`: about the rows at or below the chain's acceptance instead
+of every inner node's); on an accelerator and under ``torch.compile`` every inner node's mass is
+read, sync-free, through a reused ``[B, V]`` buffer (:meth:`BlockChain.row_masses`). Both give
+the same verdicts. The rules differ at a zero mass only:
 block takes :math:`h_i = 1` when the denominator is 0 (:math:`S_i = 0, w_i = 1`), traversal
 deletes such a node (weight 0). :math:`\tau` is the deepest :math:`i \ge 1` with
 :math:`u^\text{accept}_i < h_i` (0 if none), and the next token is drawn by inverse CDF with
@@ -44,6 +50,7 @@ from typing import ClassVar, NamedTuple
 import torch
 
 from . import ops
+from .api import TOLERANCE
 from .noise import Noise
 from .schemes.base import Verified
 from .tree import PAD
@@ -126,6 +133,7 @@ class BlockChain:
         "capped",
         "acceptance",
         "chain_weights",
+        "row_masses",
         "acceptances",
         "choose_tau",
         "run",
@@ -203,9 +211,79 @@ class BlockChain:
             columns.append(self.capped(columns[-1] * target_x[:, lane], draft_x[:, lane]))
         return torch.stack(columns, 1)  # [B, γ + 1]
 
-    def acceptances(self, chain: ChainRound, weights: torch.Tensor) -> torch.Tensor:
-        """``h [B, γ + 1]`` float64 of nodes ``1..n`` (``w_n`` at the chain's end); one fused
-        pass per inner node through one reused ``[B, V]`` buffer."""
+    def masses(self, chain: ChainRound, weights: torch.Tensor, noise: Noise) -> torch.Tensor:
+        r"""The masses :math:`S_i` the acceptances read, ``[B, γ + 1]``: every inner node's
+        (:meth:`row_masses`, sync-free), or on the CPU outside ``torch.compile`` only those that
+        can decide :math:`\tau` (:meth:`deciding_masses`: host reads cost nothing there)."""
+        if chain.target.device.type == "cpu" and not torch.compiler.is_compiling():
+            return self.deciding_masses(chain, weights, noise)
+        return self.row_masses(chain, weights)
+
+    def deciding_masses(
+        self, chain: ChainRound, weights: torch.Tensor, noise: Noise
+    ) -> torch.Tensor:
+        r""":meth:`row_masses`' values, float64, where they can decide :math:`\tau`, and
+        :math:`S_i = w_i` (so :math:`h_i = w_i`) elsewhere, read deepest node first.
+
+        :math:`S_i \le w_i \sum_y p_i(y)`, so :math:`h_i = S_i / (S_i + 1 - w_i) \le w_i`
+        up to the row's mass error and roundings (:meth:`fail_margin`): a node whose uniform
+        is at least :math:`w_i (1 + m)` fails whatever its mass, and one shallower than a
+        node that passed cannot be :math:`\tau` (the deepest pass). Only the others are read:
+        per inner node, deepest first, the rows still undecided whose uniform is under the
+        bound, gathered into one ``[N, V]`` pass (host reads of the row lists). The verdicts
+        are :meth:`row_masses`' exactly; the rows read drop from every inner node to about
+        those at or below the chain's acceptance."""
+        batch_size, gamma = chain.draft_tokens.shape
+        target = chain.target  # [B, γ + 1, V]
+        vocab = target.shape[-1]
+        nodes = torch.arange(gamma + 1, device=weights.device)[None, :]  # [1, γ + 1]
+        ends = chain.num_drafts[:, None]  # [B, 1]
+        bound = weights * (1 + self.fail_margin(target.dtype, vocab))  # [B, γ + 1]
+        open_ = ((nodes >= 1) & (nodes < ends) & (noise.accept < bound)).tolist()  # [B][γ + 1]
+        decided = ((nodes == ends) & (nodes >= 1) & (noise.accept < weights)).any(-1).tolist()
+        masses = weights.clone()  # [B, γ + 1] float64
+        flat_target = target.view(batch_size * (gamma + 1), vocab)  # [B (γ + 1), V]
+        flat_draft = None if chain.draft is None else chain.draft.view(batch_size * gamma, vocab)
+        for node in range(gamma - 1, 0, -1):
+            rows = [b for b in range(batch_size) if open_[b][node] and not decided[b]]
+            if not rows:
+                continue
+            index = torch.tensor(rows, device=weights.device)  # [N]
+            draft = None
+            if flat_draft is not None:
+                draft = flat_draft.index_select(0, index * gamma + node)  # [N, V]
+            p = flat_target.index_select(0, index * (gamma + 1) + node)  # [N, V]
+            scale = weights[index, node]  # [N]
+            residual = self.weighted_residual(
+                p, p, draft, chain.draft_tokens[index, node], scale
+            )  # [N, V], in place of the gathered copy
+            mass = residual.sum(-1)  # [N]
+            masses[index, node] = mass.to(torch.float64)
+            passed = (noise.accept[index, node] < self.acceptance(mass, scale)).tolist()
+            for b, ok in zip(rows, passed, strict=True):
+                decided[b] = decided[b] or ok
+        return masses
+
+    @staticmethod
+    def fail_margin(dtype: torch.dtype, vocab: int) -> float:
+        r""":math:`m` with :math:`h_i \le w_i (1 + m)` in compute ``dtype`` for rows that pass
+        the default validation: twice the loosest row-mass tolerance of tables computed in
+        ``dtype`` (float64's; below it bf16/fp16's, which are upcast to float32) plus a
+        summation's worst-case relative rounding, :math:`(V + 4)\,\epsilon`. Rows whose mass
+        is further from 1 (``validate=False``, a looser ``tolerance``) may have :math:`h_i`
+        above the bound; such nodes then fail, as they do for every row that is a
+        distribution.
+
+        >>> BlockChain.fail_margin(torch.float64, 100) < 1e-5
+        True
+        """
+        loosest = TOLERANCE[torch.float64] if dtype == torch.float64 else TOLERANCE[torch.bfloat16]
+        return 2 * (loosest + (vocab + 4) * torch.finfo(dtype).eps)
+
+    def row_masses(self, chain: ChainRound, weights: torch.Tensor) -> torch.Tensor:
+        """Every inner node's :math:`S_i`, ``[B, γ + 1]`` in the compute dtype (0 at node 0 and
+        node γ, never read): one fused pass per inner node through one reused ``[B, V]``
+        buffer."""
         batch_size, gamma = chain.draft_tokens.shape
         target = chain.target  # [B, γ + 1, V]
         buffer = target.new_empty((batch_size, target.shape[-1]))  # [B, V]
@@ -220,7 +298,13 @@ class BlockChain:
             )
             masses.append(residual.sum(-1))
         masses.append(torch.zeros_like(masses[0]))  # node γ: always the chain's end
-        inner = self.acceptance(torch.stack(masses, 1), weights)  # [B, γ + 1]
+        return torch.stack(masses, 1)  # [B, γ + 1]
+
+    def acceptances(self, chain: ChainRound, weights: torch.Tensor, noise: Noise) -> torch.Tensor:
+        """``h [B, γ + 1]`` float64 of nodes ``1..n`` (``w_n`` at the chain's end) from
+        :meth:`masses`."""
+        gamma = chain.draft_tokens.shape[1]
+        inner = self.acceptance(self.masses(chain, weights, noise), weights)  # [B, γ + 1]
         nodes = torch.arange(gamma + 1, device=weights.device)  # [γ + 1]
         at_end = nodes[None, :] == chain.num_drafts[:, None]  # [B, γ + 1]
         return torch.where(at_end, weights, inner)  # [B, γ + 1]
@@ -237,7 +321,7 @@ class BlockChain:
         batch_size, gamma = chain.draft_tokens.shape
         rows = torch.arange(batch_size, device=chain.target.device)  # [B]
         weights = self.chain_weights(chain)  # [B, γ + 1]
-        tau = self.choose_tau(chain, self.acceptances(chain, weights), noise)  # [B]
+        tau = self.choose_tau(chain, self.acceptances(chain, weights, noise), noise)  # [B]
         target = take_rows(chain.target, tau)  # [B, V]
         lane = tau.clamp_max(gamma - 1)  # [B] (a padding lane at the end: never chosen)
         token = chain.draft_tokens.gather(1, lane[:, None]).squeeze(-1)  # [B]

@@ -497,9 +497,9 @@ class UnweightedResidual(R.BlockChain):
 class NoBonusBlock(R.BlockChain):
     """The acceptance at the chain's end is h (a residual mass), not w_n."""
 
-    def acceptances(self, chain: Any, weights: Any) -> Any:
+    def acceptances(self, chain: Any, weights: Any, noise: Any) -> Any:
         longer = chain._replace(num_drafts=chain.num_drafts + 1)
-        return super().acceptances(longer, weights)
+        return super().acceptances(longer, weights, noise)
 
 
 class NSSSampleLane(R.NSSChain):
@@ -509,8 +509,17 @@ class NSSSampleLane(R.NSSChain):
         return super().draws(chain, torch.cat([sample[:, 1:], sample[:, :1]], 1))
 
 
+class SkipsPassingNodes(R.BlockChain):
+    """Nodes skipped as certain failures from half their weight on (the bound is h <= w)."""
+
+    @staticmethod
+    def fail_margin(dtype: Any, vocab: int) -> float:
+        return -0.5
+
+
 RULE_MUTANTS = [
     ("traversal", BlockRuleOnTraversal()),
+    ("block", SkipsPassingNodes()),
     ("block", ShallowestTau()),
     ("block", UnweightedResidual()),
     ("block", NoBonusBlock()),
@@ -538,6 +547,72 @@ def test_mutants_of_the_rule_engines_are_caught(case: tuple[str, Any]) -> None:
                 assert rule_mismatches(name, engine, rounds, point_mass) == 0
                 found += rule_mismatches(name, mutant, rounds, point_mass)
     assert found > 0
+
+
+class DenseBlock(R.BlockChain):
+    """Block with every inner node's mass (the accelerators' sync-free route)."""
+
+    def masses(self, chain: Any, weights: Any, noise: Any) -> Any:
+        return self.row_masses(chain, weights)
+
+
+class DenseTraversal(R.TraversalChain):
+    """Traversal with every inner node's mass."""
+
+    def masses(self, chain: Any, weights: Any, noise: Any) -> Any:
+        return self.row_masses(chain, weights)
+
+
+def test_the_sync_free_mass_route_is_pathwise_too() -> None:
+    """The route :func:`verify_chain` takes off the CPU and under ``torch.compile`` (every
+    inner node's mass) gives the reference verdicts, as the CPU's deciding-masses route."""
+    for name, engine in (("block", DenseBlock()), ("traversal", DenseTraversal())):
+        for seed in range(3):
+            for point_mass in (False, True):
+                for pair in (ss.pairs.Random(3, seed=seed), EqualRows()):
+                    rounds = chain_rounds(pair, np.random.default_rng(seed), 18, point_mass)
+                    assert rule_mismatches(name, engine, rounds, point_mass) == 0
+
+
+class CountingBlock(R.BlockChain):
+    """Block counting the rows of every mass pass."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+
+    def weighted_residual(self, out: Any, target: Any, draft: Any, token: Any, scale: Any) -> Any:
+        self.rows += out.shape[0]
+        return super().weighted_residual(out, target, draft, token, scale)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_deciding_masses_read_fewer_rows_and_give_the_same_tokens(dtype: torch.dtype) -> None:
+    """Block and traversal on a batch of 64 chains of 8 drafts: the CPU route reads well under
+    half the rows of the sync-free one, and every token is the same."""
+    g = torch.Generator().manual_seed(3)
+    batch, gamma, vocab = 64, 8, 500
+    logits = torch.randn(batch, gamma + 1, vocab, generator=g, dtype=torch.float64)
+    target = torch.softmax(logits, -1).to(dtype)
+    draft = torch.softmax(
+        logits[:, :gamma]
+        + 0.5 * torch.randn(logits[:, :gamma].shape, generator=g, dtype=torch.float64),
+        -1,
+    ).to(dtype)
+    tokens = torch.multinomial(draft.double().reshape(-1, vocab), 1, generator=g)
+    tokens = tokens.view(batch, gamma)
+    lengths = torch.randint(0, gamma + 1, (batch,), generator=g)
+    noise = ssg.Noise(*torch.rand(2, batch, gamma + 1, generator=g, dtype=torch.float64))
+    for probs in ((target, draft), (target, None)):
+        chain = C.chain_round(tokens, lengths, probs[0], probs[1], dtype)
+        for sparse, dense in (
+            (CountingBlock(), DenseBlock()),
+            (R.TRAVERSAL_CHAIN, DenseTraversal()),
+        ):
+            assert torch.equal(sparse.run(chain, noise).tokens, dense.run(chain, noise).tokens)
+    counting = CountingBlock()  # the last chain: real draft tables
+    counting.run(C.chain_round(tokens, lengths, target, draft, dtype), noise)
+    read = counting.rows - batch  # less the stop row of every sequence
+    assert 0 < read < 0.5 * batch * (gamma - 1), read
 
 
 class PointMassDraft:
