@@ -635,6 +635,7 @@ def chain_batch(draft_tokens: torch.Tensor, num_drafts: torch.Tensor) -> TreeBat
         laws=(DrawLaw.IID,) * batch_size,
         chains=(True,) * batch_size,
         max_depth=gamma,
+        level_slots=(1,) * (gamma + 1),
     )
 
 

@@ -45,6 +45,10 @@ class TreeBatch:
         from ``candidates`` when not given.
     max_depth : int
         Depth of the deepest node in the batch (a Python int: the walk's static loop bound).
+    level_slots : tuple of int, length max_depth + 1
+        At each depth, a bound on the candidates of any node there (host metadata: the walk
+        reads only that many slots at that depth). Computed from ``candidates`` when not given,
+        in the same host read as ``chains`` and ``max_depth``.
 
     Examples
     --------
@@ -66,6 +70,7 @@ class TreeBatch:
     laws: tuple[DrawLaw, ...]
     chains: tuple[bool, ...] = field(default=())
     max_depth: int = -1
+    level_slots: tuple[int, ...] = field(default=())
 
     def __post_init__(self) -> None:
         batch_size, num_nodes = self.parents.shape
@@ -82,13 +87,29 @@ class TreeBatch:
         if len(laws) != batch_size:
             raise ValueError(f"TreeBatch: laws needs one law per row ({batch_size})")
         object.__setattr__(self, "laws", laws)
-        # Host metadata, computed once here (never inside a verify call).
-        if not self.chains:
+        # Host metadata, computed once here (never inside a verify call), in one host read.
+        if not self.chains or self.max_depth < 0 or not self.level_slots:
             counts = (self.candidates != PAD).sum(-1)  # [B, N]
-            chains = tuple(bool(c) for c in (counts <= 1).all(-1).tolist())
-            object.__setattr__(self, "chains", chains)
-        if self.max_depth < 0:
-            object.__setattr__(self, "max_depth", int(self.depth.max().clamp_min(0)))
+            at = self.depth.clamp(0, num_nodes - 1).reshape(-1)  # [B N] (padding: 0 candidates)
+            widest = counts.new_zeros(num_nodes).scatter_reduce(0, at, counts.reshape(-1), "amax")
+            deepest = self.depth.max().clamp_min(0)[None]  # [1]
+            read = torch.cat([(counts <= 1).all(-1).long(), deepest, widest]).tolist()
+            if not self.chains:
+                object.__setattr__(self, "chains", tuple(bool(c) for c in read[:batch_size]))
+            if self.max_depth < 0:
+                object.__setattr__(self, "max_depth", int(read[batch_size]))
+            if not self.level_slots:
+                widths = read[batch_size + 1 : batch_size + 2 + self.max_depth]
+                object.__setattr__(self, "level_slots", tuple(int(w) for w in widths))
+        slots = tuple(self.level_slots)
+        if len(slots) != self.max_depth + 1 or not all(
+            isinstance(w, int) and w >= 0 for w in slots
+        ):
+            raise ValueError(
+                f"TreeBatch: level_slots needs a non-negative int per depth 0..{self.max_depth}, "
+                f"got {slots!r}"
+            )
+        object.__setattr__(self, "level_slots", slots)
 
     @property
     def batch_size(self) -> int:
@@ -120,6 +141,8 @@ class TreeBatch:
         tokens = torch.full((len(trees), num_nodes), PAD, dtype=torch.long)  # [B, N]
         depth = torch.full((len(trees), num_nodes), PAD, dtype=torch.long)  # [B, N]
         candidates = torch.full((len(trees), num_nodes, slots), PAD, dtype=torch.long)
+        max_depth = max(tree.max_depth for tree in trees)
+        level_slots = [0] * (max_depth + 1)  # the most candidates of a node at each depth
         for row, tree in enumerate(trees):
             size = tree.num_nodes
             parents[row, :size] = torch.tensor(tree.parents)
@@ -128,6 +151,8 @@ class TreeBatch:
             for node, cands in enumerate(tree.candidates):
                 if cands:
                     candidates[row, node, : len(cands)] = torch.tensor(cands)
+                    at = tree.depth(node)
+                    level_slots[at] = max(level_slots[at], len(cands))
         return cls(
             parents=parents.to(device),
             tokens=tokens.to(device),
@@ -136,7 +161,8 @@ class TreeBatch:
             depth=depth.to(device),
             laws=tuple(tree.law for tree in trees),
             chains=tuple(tree.is_chain for tree in trees),
-            max_depth=max(tree.max_depth for tree in trees),
+            max_depth=max_depth,
+            level_slots=tuple(level_slots),
         )
 
     def to_trees(self) -> list[DraftTree]:
@@ -168,6 +194,7 @@ class TreeBatch:
             self.laws,
             self.chains,
             self.max_depth,
+            self.level_slots,
         )
 
     def real_nodes(self) -> torch.Tensor:
@@ -192,6 +219,7 @@ class TreeBatch:
             laws=(DrawLaw.IID,) * batch_size,
             chains=(True,) * batch_size,
             max_depth=0,
+            level_slots=(0,),
         )
 
 

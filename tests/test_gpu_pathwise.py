@@ -7,6 +7,7 @@ depends on its neighbours or on padding. Mutants of the lowering must fail the s
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from typing import Any
@@ -289,6 +290,61 @@ def test_tree_batch_round_trips_every_law() -> None:
     assert batch.depth[0, : trees[0].num_nodes].tolist() == [
         trees[0].depth(n) for n in range(trees[0].num_nodes)
     ]
+    widest = [0] * (batch.max_depth + 1)
+    for tree in trees:
+        for node, cands in enumerate(tree.candidates):
+            widest[tree.depth(node)] = max(widest[tree.depth(node)], len(cands))
+    assert batch.level_slots == tuple(widest)
+    # computed in __post_init__ when not given (the same host read as chains and max_depth)
+    rebuilt = ssg.TreeBatch(
+        batch.parents, batch.tokens, batch.num_nodes, batch.candidates, batch.depth, batch.laws
+    )
+    assert (rebuilt.chains, rebuilt.max_depth, rebuilt.level_slots) == (
+        batch.chains,
+        batch.max_depth,
+        batch.level_slots,
+    )
+    assert batch.to("cpu").level_slots == batch.level_slots
+    assert ssg.TreeBatch.roots(2).level_slots == (0,)
+    for bad in ((1,), (*widest[:-1], -1), (*widest[:-1], 1.5)):
+        with pytest.raises(ValueError, match="level_slots"):
+            dataclasses.replace(batch, level_slots=bad)
+
+
+class SlotCounting(SpecInfer):
+    """SpecInfer recording how many candidate slots each walk step loops over."""
+
+    def __init__(self) -> None:
+        self.widths: list[int] = []
+
+    def node_step(self, target: Any, draft: Any, tokens: Any, valid: Any, u: Any) -> Any:
+        self.widths.append(int(tokens.shape[1]))
+        return super().node_step(target, draft, tokens, valid, u)
+
+
+def test_the_walk_loops_over_the_slots_of_each_level_only() -> None:
+    """On merged branching trees (up to 8 candidates at depth 2, two at the root, none at the
+    leaves) each walk step sees the slots its level can hold, the verdicts stay the reference's,
+    and a batch whose level bounds are too small loses them (the bound is what keeps it exact)."""
+    shape = ss.Shape.branching((2, 2, 2), replacement=True)
+    pair = ss.pairs.Random(8, seed=2)
+    rng = np.random.default_rng(3)
+    rounds = []
+    for _ in range(24):
+        tree = shape.draft(pair, rng)
+        rounds.append((tree, *tables(pair, tree), ss.Noise.draw(rng, tree.num_nodes)))
+    batch = ssg.TreeBatch.from_trees([r[0] for r in rounds])
+    target, draft = ssg.tables_batch([r[1] for r in rounds], [r[2] for r in rounds])
+    noise = ssg.Noise.from_reference([r[3] for r in rounds])
+    assert batch.candidates.shape[-1] > max(batch.level_slots[:1] + batch.level_slots[-1:])
+    counting = SlotCounting()
+    out = ssg.verify(counting, batch, target, draft, noise)
+    assert counting.widths == [max(1, w) for w in batch.level_slots]
+    expected = [ss.SCHEMES["specinfer"].verify(t, p, q, n) for t, p, q, n in rounds]
+    assert list(zip(out.node.tolist(), out.token.tolist(), strict=True)) == expected
+    narrow = dataclasses.replace(batch, level_slots=(1,) * len(batch.level_slots))
+    out = ssg.verify("specinfer", narrow, target, draft, noise)
+    assert list(zip(out.node.tolist(), out.token.tolist(), strict=True)) != expected
 
 
 def test_noise_from_reference_and_draw() -> None:

@@ -193,6 +193,9 @@ class NodeLowering(TreeLowering):
     """
 
     hot_path: ClassVar[tuple[str, ...]] = ("walk", "level_extras", "step", "node_step")
+    #: Whether the walk hands :meth:`step` only the slots of the level
+    #: (:meth:`level_candidates`); ``False`` for rules whose extras are laid out by slot.
+    trims_slots: ClassVar[bool] = True
 
     def node_extras(
         self,
@@ -251,6 +254,16 @@ class NodeLowering(TreeLowering):
         """Which candidate slots hold a real child, ``[B, C]`` bool."""
         return candidate_nodes != PAD
 
+    def level_candidates(self, batch: TreeBatch, depth: int) -> torch.Tensor:
+        """The candidate table the walk reads at ``depth``, ``[B, N, C_depth]``: only the slots
+        a node at that depth can hold (:attr:`TreeBatch.level_slots
+        <specsampling.gpu.TreeBatch.level_slots>`, at least one), so a rule's loop over the
+        slots runs as often as that level needs, not as the widest node of the batch. Rows
+        that have stopped read garbage there, never used. A view, no copy."""
+        if not self.trims_slots:
+            return batch.candidates
+        return batch.candidates[..., : max(1, batch.level_slots[depth])]
+
     def bonus_row(self, batch: TreeBatch, node: torch.Tensor) -> torch.Tensor:
         """The table row the bonus at a leaf is drawn from: the leaf itself (``[B]``)."""
         return node
@@ -271,7 +284,7 @@ class NodeLowering(TreeLowering):
         extras = self.node_extras(batch, target_probs, draft_probs)  # [B, N, P]
         for depth in range(batch.max_depth + 1):
             node = walk.node  # [B]
-            candidate_nodes = batch.candidates[rows, node]  # [B, C]
+            candidate_nodes = self.level_candidates(batch, depth)[rows, node]  # [B, C_depth]
             valid = self.candidate_mask(candidate_nodes)  # [B, C]
             safe_nodes = candidate_nodes.clamp_min(0)  # [B, C]
             candidate_tokens = node_tokens.gather(1, safe_nodes)  # [B, C]
@@ -358,6 +371,7 @@ class HostPlanned(NodeLowering):
     """
 
     hot_path: ClassVar[tuple[str, ...]] = ("walk", "step", "node_step")
+    trims_slots: ClassVar[bool] = False  # the plans' rows are laid out by the batch's slots
 
     def __init__(self, scheme: Any) -> None:
         self.scheme = scheme
