@@ -67,11 +67,11 @@ def residual(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Ten
     ...          torch.tensor([[0.25, 0.75], [0.5, 0.5]], dtype=torch.float64)).tolist()
     [[1.0, 0.0], [0.5, 0.5]]
     """
-    weights = (target_probs - draft_probs).clamp_min(0)  # [B, V]
+    weights = (target_probs - draft_probs).clamp_min_(0)  # [B, V], the one new row buffer
     mass = weights.sum(-1, keepdim=True)  # [B, 1]
     has_mass = mass > 0  # [B, 1]
-    normalised = weights / torch.where(has_mass, mass, torch.ones_like(mass))  # [B, V]
-    return torch.where(has_mass, normalised, target_probs)  # [B, V]
+    weights.div_(torch.where(has_mass, mass, torch.ones_like(mass)))  # [B, V]
+    return torch.where(has_mass, weights, target_probs, out=weights)  # [B, V]
 
 
 def remove_token(probs: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
@@ -84,8 +84,7 @@ def remove_token(probs: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
     """
     out = probs.scatter(-1, token[:, None], 0.0)  # [B, V]
     mass = out.sum(-1, keepdim=True)  # [B, 1]
-    has_mass = mass > 0  # [B, 1]
-    return torch.where(has_mass, out / torch.where(has_mass, mass, torch.ones_like(mass)), out)
+    return out.div_(torch.where(mass > 0, mass, torch.ones_like(mass)))  # zeros stay zeros
 
 
 def last_positive(probs: torch.Tensor) -> torch.Tensor:

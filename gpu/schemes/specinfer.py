@@ -24,7 +24,8 @@ class RecursiveRejection(NodeLowering):
     def update(
         self, target: torch.Tensor, draft: torch.Tensor, token: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(target, draft)`` ``[B, V]`` each after rejecting ``token [B]``."""
+        """``(target, draft)`` ``[B, V]`` each after rejecting ``token [B]``: new tensors, which
+        :meth:`node_step` overwrites, or ``draft`` itself when the draft does not change."""
         return ops.residual(target, draft), draft
 
     def node_step(
@@ -47,9 +48,10 @@ class RecursiveRejection(NodeLowering):
             )  # [B]
             accepted = torch.where(testing & passes, slot, accepted)
             rejected = (testing & ~passes)[:, None]  # [B, 1]
-            next_current, next_draft = self.update(current, draft, token)
-            current = torch.where(rejected, next_current, current)  # [B, V]
-            draft = torch.where(rejected, next_draft, draft)  # [B, V]
+            next_current, next_draft = self.update(current, draft, token)  # new rows each
+            current = torch.where(rejected, next_current, current, out=next_current)  # [B, V]
+            if next_draft is not draft:  # static: specinfer keeps its draft
+                draft = torch.where(rejected, next_draft, draft, out=next_draft)  # [B, V]
         return NodeStep(accepted, current)
 
 
