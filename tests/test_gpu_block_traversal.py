@@ -313,11 +313,53 @@ def test_mutants_are_caught(mutant: Any) -> None:
     assert found > 0, f"the path-wise test passes the mutant {type(mutant).__name__}"
 
 
+class EveryRowEveryRound(Traversal):
+    """Traversal as off the CPU: every round on every row, all ``N - 1`` of them."""
+
+    def __init__(self) -> None:
+        self.rows: list[int] = []
+
+    def still_rejecting(self, rows: Any, rejected: Any) -> Any:
+        self.rows.append(int(rows.shape[0]))
+        return rows
+
+
+class CountingTraversal(Traversal):
+    """Traversal counting the rows of every rejection round."""
+
+    def __init__(self) -> None:
+        self.rows: list[int] = []
+
+    def reject_round(self, batch: Any, state: Any, noise: Any, rows: Any) -> Any:
+        self.rows.append(int(rows.shape[0]))
+        return super().reject_round(batch, state, noise, rows)
+
+
+def test_traversal_rounds_run_on_the_rows_still_rejecting_only() -> None:
+    """The CPU route (rounds on the rows still rejecting, until none is left) and the sync-free
+    one (every row, ``N - 1`` rounds) both give the reference's verdicts; the CPU route runs far
+    fewer row-rounds."""
+    rounds = [r for seed, pair in enumerate(pairs()) for r in mixed_rounds("traversal", pair, seed)]
+    assert mismatches(EveryRowEveryRound(), rounds) == []
+    counting = CountingTraversal()
+    assert mismatches(counting, rounds) == []
+    batch = ssg.TreeBatch.from_trees([r[0] for r in rounds])
+    every = (batch.parents.shape[1] - 1) * len(rounds)
+    assert counting.rows[0] == len(rounds)
+    assert all(a >= b > 0 for a, b in zip(counting.rows, counting.rows[1:], strict=False))
+    assert sum(counting.rows) < every / 2, (sum(counting.rows), every)
+
+
 # --------------------------------------------------------------------------- contract
 def test_hot_paths_never_synchronise() -> None:
-    """No ``.item()``, ``.tolist()`` or Python branching on tensor values in the walk."""
+    """No ``.item()``, ``.tolist()`` or Python branching on tensor values in the walk (for
+    traversal: in every rejection round; its walk only asks :meth:`still_rejecting`, which
+    keeps every row off the CPU, so the loop's exit never reads the device there)."""
+    assert "walk" in LOWERINGS["block"].hot_path
+    assert "reject_round" in LOWERINGS["traversal"].hot_path
+    source = inspect.getsource(Traversal.still_rejecting).split('"""')[-1]
+    assert source.count("if ") == 1 and 'rows.device.type == "cpu"' in source
     for lowering in LOWERINGS.values():
-        assert "walk" in lowering.hot_path
         for method in lowering.hot_path:
             source = inspect.getsource(getattr(type(lowering), method)).split('"""')[-1]
             for forbidden in (".item(", ".tolist(", "bool(", "int(", "float(", ".nonzero(", "if "):

@@ -26,7 +26,7 @@ when it is read. Weights and acceptances are float64 and computed in the referen
 
 from __future__ import annotations
 
-from typing import ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 
@@ -67,12 +67,14 @@ class Traversal(TreeLowering):
 
     name = "traversal"
     hot_path: ClassVar[tuple[str, ...]] = (
-        "walk",
+        "start",
         "links",
         "accepts",
         "child_weight",
         "descend",
         "reject",
+        "reject_round",
+        "finish",
         "emitted_tokens",
     )
 
@@ -125,11 +127,11 @@ class Traversal(TreeLowering):
         weights: torch.Tensor,  # [B, N] float64, updated in place
         edge_target: torch.Tensor,  # [B, N]
         edge_draft: torch.Tensor,  # [B, N]
+        rows: torch.Tensor,  # [L]: the rows of start and going
     ) -> torch.Tensor:
-        """From ``start`` down the first children to a leaf (rows with ``going``), entering
-        each node with its weight from the untouched tables; the leaf, ``[B]``."""
-        rows = torch.arange(batch.batch_size, device=batch.device)  # [B]
-        node = start  # [B]
+        """From ``start [L]`` down the first children to a leaf (rows with ``going [L]``),
+        entering each node with its weight from the untouched tables; the leaf, ``[L]``."""
+        node = start  # [L]
         for _ in range(batch.max_depth):
             child = links.first_child[rows, node]  # [B]
             going = going & (child != PAD)  # [B]
@@ -192,7 +194,35 @@ class Traversal(TreeLowering):
         draft_probs: torch.Tensor,  # [B, N, V] compute dtype
         noise: Noise,  # [B, N] float64 each
     ) -> Verified:
-        """The batched reference :meth:`~specsampling.schemes.traversal.Traversal.verify`."""
+        """The batched reference :meth:`~specsampling.schemes.traversal.Traversal.verify`: the
+        first descent, up to ``N - 1`` rejection rounds (:meth:`reject_round`), the stop draw.
+
+        On an accelerator and under ``torch.compile`` every round runs on every row (rows that
+        have accepted write into scratch), sync-free. On the CPU, where host reads are free,
+        each round runs on the rows still rejecting only (:meth:`still_rejecting`), and the
+        loop ends when none is left: the rows' work drops from ``N - 1`` rounds each to their
+        own number of rejections."""
+        state = self.start(batch, target_probs, draft_probs)
+        rows = torch.arange(batch.batch_size, device=batch.device)  # [L]: the rows still going
+        for _ in range(target_probs.shape[1] - 1):
+            rejected = self.reject_round(batch, state, noise, rows)  # [L]
+            rows = self.still_rejecting(rows, rejected)
+            if rows.shape[0] == 0:  # static off the CPU (rows stay the whole batch there)
+                break
+        return self.finish(batch, state, target_probs, noise)
+
+    def still_rejecting(self, rows: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
+        """The rows the next round runs on: on the CPU outside ``torch.compile`` those that
+        rejected (a host read, free there), elsewhere ``rows`` unchanged."""
+        if rows.device.type == "cpu" and not torch.compiler.is_compiling():
+            return rows[rejected]
+        return rows
+
+    def start(
+        self, batch: TreeBatch, target_probs: torch.Tensor, draft_probs: torch.Tensor
+    ) -> dict[str, Any]:
+        """The walk's state after the first descent: links, edge values, weights, the per-depth
+        updated rows and their flags, reused row buffers, every row's cursor (``leaf``)."""
         batch_size, num_nodes, vocab = target_probs.shape
         device = batch.device
         rows = torch.arange(batch_size, device=device)  # [B]
@@ -205,60 +235,94 @@ class Traversal(TreeLowering):
         weights = torch.ones((batch_size, num_nodes), dtype=torch.float64, device=device)
         # Updated P (after a residual with mass) and Q (after any rejection) of each node.
         updated_target = torch.zeros((batch_size, num_nodes), dtype=torch.bool, device=device)
-        updated_draft = torch.zeros_like(updated_target)  # [B, N]
         slots = max(batch.max_depth, 1)  # slot `slots` is scratch: rows that write nothing
         state_target = target_probs.new_zeros((batch_size, slots + 1, vocab))  # [B, D + 1, V]
-        state_draft = torch.zeros_like(state_target)  # [B, D + 1, V]
-        flat = [t.reshape(-1, vocab) for t in (target_probs, draft_probs)]  # [B*N, V] each
-        flat_state = [t.view(-1, vocab) for t in (state_target, state_draft)]  # [B*(D+1), V]
-        buffers = [target_probs.new_empty((batch_size, vocab)) for _ in range(6)]  # [B, V]
-        target, draft, leftover, table_row, state_row, _ = buffers
         going = torch.ones(batch_size, dtype=torch.bool, device=device)  # [B]
         start = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B]
-        leaf = self.descend(batch, links, start, going, weights, edge_target, edge_draft)  # [B]
-        done = torch.zeros(batch_size, dtype=torch.bool, device=device)  # [B]
-        for _ in range(num_nodes - 1):
-            accepted = (leaf == 0) | self.accepts(noise.accept[rows, leaf], weights[rows, leaf])
-            done = done | accepted
-            rejected = ~done  # [B]
-            parent = parents[rows, leaf]  # [B]
-            slot = batch.depth[rows, parent].clamp(0, slots - 1)  # [B]
-            # The parent's current P and Q: its table rows, or its updated rows.
-            for table, state, updated, out in (
-                (flat[0], flat_state[0], updated_target, target),
-                (flat[1], flat_state[1], updated_draft, draft),
-            ):
-                torch.index_select(table, 0, rows * num_nodes + parent, out=table_row)
-                torch.index_select(state, 0, rows * (slots + 1) + slot, out=state_row)
-                torch.where(updated[rows, parent][:, None], state_row, table_row, out=out)
-            new_weight, has_mass = self.reject(
-                weights[rows, parent], target, draft, node_tokens[rows, leaf], leftover
-            )  # [B], [B, 1]; leftover and draft now hold the new rows
-            writes_target = rejected & has_mass.squeeze(-1)  # [B]
-            state_target.index_put_((rows, torch.where(writes_target, slot, slots)), leftover)
-            state_draft.index_put_((rows, torch.where(rejected, slot, slots)), draft)
-            updated_target[rows, parent] = updated_target[rows, parent] | writes_target
-            updated_draft[rows, parent] = updated_draft[rows, parent] | rejected
-            weights[rows, parent] = torch.where(rejected, new_weight, weights[rows, parent])
-            # The cursor moves into the next sibling's subtree, or up to the parent.
-            sibling = links.next_sibling[rows, leaf]  # [B]
-            entering = rejected & (sibling != PAD)  # [B]
-            safe = sibling.clamp_min(0)  # [B]
-            sibling_tokens = node_tokens[rows, safe][:, None]  # [B, 1]
-            sibling_target = torch.where(
-                has_mass, leftover.gather(1, sibling_tokens), target.gather(1, sibling_tokens)
-            ).squeeze(-1)  # [B]
-            entered = self.child_weight(
-                new_weight, sibling_target, draft.gather(1, sibling_tokens).squeeze(-1)
-            )  # [B]
-            weights[rows, safe] = torch.where(entering, entered, weights[rows, safe])
-            below = self.descend(batch, links, safe, entering, weights, edge_target, edge_draft)
-            moved = torch.where(entering, below, parent)  # [B]
-            leaf = torch.where(rejected, moved, leaf)
-        # Every row has accepted by now (at the root at the latest).
-        slot = batch.depth[rows, leaf].clamp(0, slots - 1)  # [B]
+        leaf = self.descend(batch, links, start, going, weights, edge_target, edge_draft, rows)
+        return {
+            "links": links,
+            "node_tokens": node_tokens,
+            "parents": parents,
+            "edge_target": edge_target,
+            "edge_draft": edge_draft,
+            "weights": weights,
+            "updated_target": updated_target,
+            "updated_draft": torch.zeros_like(updated_target),  # [B, N]
+            "slots": slots,
+            "state_target": state_target,
+            "state_draft": torch.zeros_like(state_target),  # [B, D + 1, V]
+            "tables": [t.reshape(-1, vocab) for t in (target_probs, draft_probs)],  # [B N, V]
+            "buffers": [target_probs.new_empty((batch_size, vocab)) for _ in range(5)],
+            "leaf": leaf,  # [B]
+        }
+
+    def reject_round(
+        self, batch: TreeBatch, state: dict[str, Any], noise: Noise, rows: torch.Tensor
+    ) -> torch.Tensor:
+        """One test at the cursor of each row in ``rows [L]`` (rows that accepted earlier test
+        their accepted node again and write nothing), and for the rows that reject, the parent's
+        update and the cursor's move; returns which rejected, ``[L]``."""
+        num_nodes = batch.parents.shape[1]
+        count = rows.shape[0]
+        slots, weights = state["slots"], state["weights"]
+        parents, node_tokens, links = state["parents"], state["node_tokens"], state["links"]
+        state_target, state_draft = state["state_target"], state["state_draft"]
+        updated_target, updated_draft = state["updated_target"], state["updated_draft"]
+        target, draft, leftover, table_row, state_row = (b[:count] for b in state["buffers"])
+        leaf = state["leaf"][rows]  # [L]
+        accepted = (leaf == 0) | self.accepts(noise.accept[rows, leaf], weights[rows, leaf])
+        rejected = ~accepted  # [L]
+        parent = parents[rows, leaf]  # [L]
+        slot = batch.depth[rows, parent].clamp(0, slots - 1)  # [L]
+        # The parent's current P and Q: its table rows, or its updated rows.
+        flat_state = [t.view(-1, t.shape[-1]) for t in (state_target, state_draft)]
+        for table, flat, updated, out in (
+            (state["tables"][0], flat_state[0], updated_target, target),
+            (state["tables"][1], flat_state[1], updated_draft, draft),
+        ):
+            torch.index_select(table, 0, rows * num_nodes + parent, out=table_row)
+            torch.index_select(flat, 0, rows * (slots + 1) + slot, out=state_row)
+            torch.where(updated[rows, parent][:, None], state_row, table_row, out=out)
+        new_weight, has_mass = self.reject(
+            weights[rows, parent], target, draft, node_tokens[rows, leaf], leftover
+        )  # [L], [L, 1]; leftover and draft now hold the new rows
+        writes_target = rejected & has_mass.squeeze(-1)  # [L]
+        state_target.index_put_((rows, torch.where(writes_target, slot, slots)), leftover)
+        state_draft.index_put_((rows, torch.where(rejected, slot, slots)), draft)
+        updated_target[rows, parent] = updated_target[rows, parent] | writes_target
+        updated_draft[rows, parent] = updated_draft[rows, parent] | rejected
+        weights[rows, parent] = torch.where(rejected, new_weight, weights[rows, parent])
+        # The cursor moves into the next sibling's subtree, or up to the parent.
+        sibling = links.next_sibling[rows, leaf]  # [L]
+        entering = rejected & (sibling != PAD)  # [L]
+        safe = sibling.clamp_min(0)  # [L]
+        sibling_tokens = node_tokens[rows, safe][:, None]  # [L, 1]
+        sibling_target = torch.where(
+            has_mass, leftover.gather(1, sibling_tokens), target.gather(1, sibling_tokens)
+        ).squeeze(-1)  # [L]
+        entered = self.child_weight(
+            new_weight, sibling_target, draft.gather(1, sibling_tokens).squeeze(-1)
+        )  # [L]
+        weights[rows, safe] = torch.where(entering, entered, weights[rows, safe])
+        below = self.descend(
+            batch, links, safe, entering, weights, state["edge_target"], state["edge_draft"], rows
+        )  # [L]
+        moved = torch.where(entering, below, parent)  # [L]
+        state["leaf"][rows] = torch.where(rejected, moved, leaf)
+        return rejected
+
+    def finish(
+        self, batch: TreeBatch, state: dict[str, Any], target_probs: torch.Tensor, noise: Noise
+    ) -> Verified:
+        """Every row has accepted (at the root at the latest): the stop draw at its cursor."""
+        rows = torch.arange(batch.batch_size, device=batch.device)  # [B]
+        leaf = state["leaf"]  # [B]
+        slot = batch.depth[rows, leaf].clamp(0, state["slots"] - 1)  # [B]
         probs = torch.where(
-            updated_target[rows, leaf][:, None], state_target[rows, slot], target_probs[rows, leaf]
+            state["updated_target"][rows, leaf][:, None],
+            state["state_target"][rows, slot],
+            target_probs[rows, leaf],
         )  # [B, V]
         token = ops.categorical(probs, noise.sample[rows, leaf])  # [B]
         return self.emitted_tokens(batch, leaf, token)
