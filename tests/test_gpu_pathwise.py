@@ -79,6 +79,16 @@ def test_pathwise_mixed_batches(name: str, vocab: int, pair_seed: int) -> None:
         assert mismatches(name, mixed_rounds(name, pair, seed)) == []
 
 
+@pytest.mark.parametrize("name", LOWERED)
+def test_pathwise_when_every_row_walks_every_depth(name: str, monkeypatch) -> None:
+    """The accelerators' route of the node walk (every row decided at every depth, stopped
+    rows keeping their verdict) gives the reference's verdicts too; the CPU route, which
+    decides only for the rows still walking, is what the other path-wise tests run."""
+    monkeypatch.setattr(ssg.schemes.base.NodeLowering, "walking_rows", lambda self, d, r: r)
+    pair = ss.pairs.Random(3, seed=1)
+    assert mismatches(name, mixed_rounds(name, pair, 1)) == []
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("name", LOWERED)
 def test_pathwise_on_device(name: str) -> None:

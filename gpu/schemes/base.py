@@ -254,6 +254,13 @@ class NodeLowering(TreeLowering):
         """Which candidate slots hold a real child, ``[B, C]`` bool."""
         return candidate_nodes != PAD
 
+    def walking_rows(self, done: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """The rows a walk step decides for, ``[L]``: on the CPU outside ``torch.compile`` those
+        not ``done`` (a host read, free there), elsewhere every row (``rows``)."""
+        if done.device.type == "cpu" and not torch.compiler.is_compiling():
+            return rows[~done]
+        return rows
+
     def level_candidates(self, batch: TreeBatch, depth: int) -> torch.Tensor:
         """The candidate table the walk reads at ``depth``, ``[B, N, C_depth]``: only the slots
         a node at that depth can hold (:attr:`TreeBatch.level_slots
@@ -276,36 +283,51 @@ class NodeLowering(TreeLowering):
         draft_probs: torch.Tensor,  # [B, N, V] compute dtype
         noise: Noise,  # [B, N] float64 each
     ) -> Verified:
-        """The batched :meth:`NodeScheme.verify`, on validated inputs."""
+        """The batched :meth:`NodeScheme.verify`, on validated inputs.
+
+        Each depth decides for the rows still walking (:meth:`walking_rows`: on the CPU only
+        those, gathered by a free host read; elsewhere every row, sync-free, the stopped ones
+        keeping their verdict), so a row's cost ends where its walk does."""
         batch_size = batch.batch_size
         rows = torch.arange(batch_size, device=batch.device)  # [B]
         walk = Descent.start(batch_size, batch.max_depth, batch.device)
         node_tokens = batch.tokens.clamp_min(0)  # [B, N]
         extras = self.node_extras(batch, target_probs, draft_probs)  # [B, N, P]
         for depth in range(batch.max_depth + 1):
-            node = walk.node  # [B]
-            candidate_nodes = self.level_candidates(batch, depth)[rows, node]  # [B, C_depth]
-            valid = self.candidate_mask(candidate_nodes)  # [B, C]
-            safe_nodes = candidate_nodes.clamp_min(0)  # [B, C]
-            candidate_tokens = node_tokens.gather(1, safe_nodes)  # [B, C]
-            accept_uniforms = noise.accept.gather(1, safe_nodes)  # [B, C]
-            target = target_probs[rows, node]  # [B, V]
-            draft = draft_probs[rows, node]  # [B, V]
-            leaf = ~valid.any(-1)  # [B]
+            sub = self.walking_rows(walk.done, rows)  # [L]
+            if sub.shape[0] == 0:  # static: a shape (every row stopped; only on the CPU)
+                break
+            node = walk.node[sub]  # [L]
+            candidate_nodes = self.level_candidates(batch, depth)[sub, node]  # [L, C_depth]
+            valid = self.candidate_mask(candidate_nodes)  # [L, C]
+            safe_nodes = candidate_nodes.clamp_min(0)  # [L, C]
+            candidate_tokens = node_tokens[sub[:, None], safe_nodes]  # [L, C]
+            accept_uniforms = noise.accept[sub[:, None], safe_nodes]  # [L, C]
+            target = target_probs[sub, node]  # [L, V]
+            draft = draft_probs[sub, node]  # [L, V]
+            leaf = ~valid.any(-1)  # [L]
 
-            extra = self.level_extras(extras, depth, node, walk.done)  # [B, P]
+            extra = self.level_extras(extras, depth, walk.node, walk.done)[sub]  # [L, P]
             step = self.step(extra, target, draft, candidate_tokens, valid, accept_uniforms)
-            bonus = target_probs[rows, self.bonus_row(batch, node)]  # [B, V]
-            stop_probs = torch.where(leaf[:, None], bonus, step.stop_probs)  # [B, V]
-            drawn = ops.categorical(stop_probs, noise.sample[rows, node])  # [B]
+            bonus = target_probs[sub, self.bonus_row(batch, walk.node)[sub]]  # [L, V]
+            stop_probs = torch.where(leaf[:, None], bonus, step.stop_probs)  # [L, V]
+            drawn = ops.categorical(stop_probs, noise.sample[sub, node])  # [L]
 
-            accepted = torch.where(leaf, PAD, step.accepted)  # [B]
-            hit = valid & (candidate_tokens == drawn[:, None])  # [B, C]
-            slot = torch.where(accepted >= 0, accepted, hit.to(torch.int8).argmax(-1))  # [B]
-            descend = (accepted >= 0) | hit.any(-1)  # [B]
-            child = safe_nodes.gather(1, slot[:, None]).squeeze(-1)  # [B]
-            record = torch.where(descend, node_tokens[rows, child], drawn)  # [B]
-            walk = walk.advance(depth, record, drawn, descend, child)
+            accepted = torch.where(leaf, PAD, step.accepted)  # [L]
+            hit = valid & (candidate_tokens == drawn[:, None])  # [L, C]
+            slot = torch.where(accepted >= 0, accepted, hit.to(torch.int8).argmax(-1))  # [L]
+            descend = (accepted >= 0) | hit.any(-1)  # [L]
+            child = safe_nodes.gather(1, slot[:, None]).squeeze(-1)  # [L]
+            record = torch.where(descend, node_tokens[sub, child], drawn)  # [L]
+            spread = [  # [B] each; rows not in sub have stopped: advance keeps their verdict
+                full.index_put_((sub,), part)
+                for full, part in zip(
+                    (walk.token.clone(), walk.token.clone(), walk.done.clone(), walk.node.clone()),
+                    (record, drawn, descend, child),
+                    strict=True,
+                )
+            ]
+            walk = walk.advance(depth, *spread)
         return walk.verified(batch.depth)
 
 
