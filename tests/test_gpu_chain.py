@@ -427,6 +427,23 @@ def test_greedy_with_draft_tables_covering_lanes_pathwise() -> None:
         assert mismatches("greedy", rounds, False, validate=False) == [], seed
 
 
+def test_greedy_residual_hit_descends_like_the_reference() -> None:
+    """Greedy with draft tables on a zero-mass residual whose draw is the drafted token: with
+    validation the row descends as the reference does; without, one round stops on the drafted
+    token, as the standard engine does."""
+    draft_tokens, target, draft, noise = hit_round()
+    tree = ss.DraftTree.chain([0], law="iid")
+    reference = ss.Noise(noise.accept[0].numpy(), noise.sample[0].numpy())
+    expect = ss.SCHEMES["greedy"].verify(
+        tree, target[0].numpy(), np.vstack([draft[0].numpy(), [[0.5, 0.5]]]), reference
+    )
+    assert tuple(expect) == (1, 1)
+    out = ssg.verify_chain("greedy", draft_tokens, target, draft, noise)
+    assert out.tokens.tolist() == [[0, 1]]
+    fast = ssg.verify_chain("greedy", draft_tokens, target, draft, noise, validate=False)
+    assert fast.tokens.tolist() == [[0, -1]]
+
+
 def test_greedy_chain_mutant_without_the_covering_rule_is_caught(monkeypatch) -> None:
     monkeypatch.setattr(C.GREEDY_CHAIN, "run", C.STANDARD_CHAIN.run)
     assert any(mismatches("greedy", covering_rounds(seed), False) for seed in range(4))
