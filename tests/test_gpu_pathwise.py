@@ -321,6 +321,19 @@ def test_tree_batch_round_trips_every_law() -> None:
             dataclasses.replace(batch, level_slots=bad)
 
 
+def drafted_batch(shape: ss.Shape, pair: Any, seed: int, count: int) -> tuple[Any, ...]:
+    """``count`` trees of ``shape`` drafted from ``pair`` with their tables and noise: the
+    reference rounds, then the batch, float64 tables and noise of the lowering."""
+    rng = np.random.default_rng(seed)
+    rounds = []
+    for _ in range(count):
+        tree = shape.draft(pair, rng)
+        rounds.append((tree, *tables(pair, tree), ss.Noise.draw(rng, tree.num_nodes)))
+    batch = ssg.TreeBatch.from_trees([r[0] for r in rounds])
+    target, draft = ssg.tables_batch([r[1] for r in rounds], [r[2] for r in rounds])
+    return rounds, batch, target, draft, ssg.Noise.from_reference([r[3] for r in rounds])
+
+
 class SlotCounting(SpecInfer):
     """SpecInfer recording how many candidate slots each walk step loops over."""
 
@@ -337,15 +350,7 @@ def test_the_walk_loops_over_the_slots_of_each_level_only() -> None:
     leaves) each walk step sees the slots its level can hold, the verdicts stay the reference's,
     and a batch whose level bounds are too small loses them (the bound is what keeps it exact)."""
     shape = ss.Shape.branching((2, 2, 2), replacement=True)
-    pair = ss.pairs.Random(8, seed=2)
-    rng = np.random.default_rng(3)
-    rounds = []
-    for _ in range(24):
-        tree = shape.draft(pair, rng)
-        rounds.append((tree, *tables(pair, tree), ss.Noise.draw(rng, tree.num_nodes)))
-    batch = ssg.TreeBatch.from_trees([r[0] for r in rounds])
-    target, draft = ssg.tables_batch([r[1] for r in rounds], [r[2] for r in rounds])
-    noise = ssg.Noise.from_reference([r[3] for r in rounds])
+    rounds, batch, target, draft, noise = drafted_batch(shape, ss.pairs.Random(8, seed=2), 3, 24)
     assert batch.candidates.shape[-1] > max(batch.level_slots[:1] + batch.level_slots[-1:])
     counting = SlotCounting()
     out = ssg.verify(counting, batch, target, draft, noise)
@@ -485,15 +490,7 @@ def test_host_planned_lowerings_plan_only_the_nodes_the_walk_reaches(name, monke
         return original(self, *args, **kwargs)
 
     shape = ss.Shape.branching((2, 3, 2), replacement=True)
-    pair = ss.pairs.Random(12, seed=3)
-    rng = np.random.default_rng(5)
-    rounds = []
-    for _ in range(16):
-        tree = shape.draft(pair, rng)
-        rounds.append((tree, *tables(pair, tree), ss.Noise.draw(rng, tree.num_nodes)))
-    batch = ssg.TreeBatch.from_trees([r[0] for r in rounds])
-    target, draft = ssg.tables_batch([r[1] for r in rounds], [r[2] for r in rounds])
-    noise = ssg.Noise.from_reference([r[3] for r in rounds])
+    rounds, batch, target, draft, noise = drafted_batch(shape, ss.pairs.Random(12, seed=3), 5, 16)
     monkeypatch.setattr(owner, method, counted)
     out = ssg.verify(name, batch, target, draft, noise)
     monkeypatch.setattr(owner, method, original)
