@@ -434,3 +434,17 @@ def test_one_candidate_chains_verify_as_standard(dtype: torch.dtype) -> None:
     for name in ("spectr", "resispec"):
         out = ssg.verify(name, batch, target, draft, noise)
         assert torch.equal(out.node, standard.node) and torch.equal(out.token, standard.token)
+
+
+def test_gamma_equals_the_reference_horner_loop_bit_for_bit() -> None:
+    """The lowered gamma (the loop run to the largest k, each row's value taken after its own
+    k - 1 steps) against the reference's Horner loop row by row, float64, k = 0..12."""
+    from specsampling.schemes.spectr import _gamma
+
+    rng = np.random.default_rng(0)
+    rejected = rng.random(400)
+    rejected[:4] = [0.0, 1.0, LARGEST_BELOW_ONE, 2**-40]
+    counts = rng.integers(0, 13, 400)
+    got = lowered_spectr.gamma(torch.tensor(rejected), torch.tensor(counts), 12).tolist()
+    for value, r, k in zip(got, rejected, counts, strict=True):
+        assert value == _gamma(float(r), max(int(k), 1)), (r, k)
