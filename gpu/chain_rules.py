@@ -252,17 +252,14 @@ class BlockChain:
             scale = weights[index, node]  # [N]
             token = chain.draft_tokens[index, node]  # [N]
             if len(rows) == batch_size:  # every row: the tables' own rows, one new buffer
+                p, draft = target[:, node], self.draft_row(chain, node)  # [B, V] views
                 out = target.new_empty((batch_size, vocab))  # [B, V]
-                residual = self.weighted_residual(
-                    out, target[:, node], self.draft_row(chain, node), token, scale
-                )
             else:  # the rows gathered, then worked on in place
+                p = out = flat_target.index_select(0, index * (gamma + 1) + node)  # [N, V]
                 draft = None
                 if flat_draft is not None:
                     draft = flat_draft.index_select(0, index * gamma + node)  # [N, V]
-                p = flat_target.index_select(0, index * (gamma + 1) + node)  # [N, V]
-                residual = self.weighted_residual(p, p, draft, token, scale)  # [N, V]
-            mass = residual.sum(-1)  # [N]
+            mass = self.weighted_residual(out, p, draft, token, scale).sum(-1)  # [N]
             masses[index, node] = mass.to(torch.float64)
             passed = (noise.accept[index, node] < self.acceptance(mass, scale)).tolist()
             for b, ok in zip(rows, passed, strict=True):
