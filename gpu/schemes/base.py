@@ -89,6 +89,15 @@ class Descent(NamedTuple):
             emitted=self.emitted,
         )
 
+    def widen(self, rows: torch.Tensor, *parts: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """:meth:`advance`'s ``record, drawn, descend, child`` of the walking ``rows [L]`` as
+        ``[B]`` tensors; the other rows have stopped, and advance keeps their verdict whatever
+        they hold."""
+        fills = (self.token, self.token, self.done, self.node)
+        return tuple(
+            fill.clone().index_put_((rows,), part) for fill, part in zip(fills, parts, strict=True)
+        )
+
     def verified(self, depth: torch.Tensor) -> Verified:
         """The verdicts, with ``depth [B, N]`` the depth of every node."""
         rows = torch.arange(self.node.shape[0], device=self.node.device)  # [B]
@@ -319,15 +328,9 @@ class NodeLowering(TreeLowering):
             descend = (accepted >= 0) | hit.any(-1)  # [L]
             child = safe_nodes.gather(1, slot[:, None]).squeeze(-1)  # [L]
             record = torch.where(descend, node_tokens[sub, child], drawn)  # [L]
-            spread = [  # [B] each; rows not in sub have stopped: advance keeps their verdict
-                full.index_put_((sub,), part)
-                for full, part in zip(
-                    (walk.token.clone(), walk.token.clone(), walk.done.clone(), walk.node.clone()),
-                    (record, drawn, descend, child),
-                    strict=True,
-                )
-            ]
-            walk = walk.advance(depth, *spread)
+            if sub is not rows:  # static: the CPU's subset (walking_rows), widened to [B]
+                record, drawn, descend, child = walk.widen(sub, record, drawn, descend, child)
+            walk = walk.advance(depth, record, drawn, descend, child)
         return walk.verified(batch.depth)
 
 
