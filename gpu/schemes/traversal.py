@@ -26,7 +26,7 @@ when it is read. Weights and acceptances are float64 and computed in the referen
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, NamedTuple
+from typing import ClassVar, NamedTuple
 
 import torch
 
@@ -42,6 +42,29 @@ class Links(NamedTuple):
 
     first_child: torch.Tensor  # [B, N]
     next_sibling: torch.Tensor  # [B, N]
+
+
+class WalkState(NamedTuple):
+    """The traversal walk's state between rounds (:meth:`Traversal.start`): the tree's links and
+    edge values, every node's weight and whether its P / Q were updated, the per-depth updated
+    rows (``state_*``, and ``flat_state``: their views ``[B (D + 1), V]``), the tables as
+    ``[B N, V]``, reused row buffers, and every row's cursor ``leaf [B]`` (written in place)."""
+
+    links: Links
+    node_tokens: torch.Tensor  # [B, N]
+    parents: torch.Tensor  # [B, N]
+    edge_target: torch.Tensor  # [B, N]
+    edge_draft: torch.Tensor  # [B, N]
+    weights: torch.Tensor  # [B, N] float64
+    updated_target: torch.Tensor  # [B, N] bool
+    updated_draft: torch.Tensor  # [B, N] bool
+    slots: int
+    state_target: torch.Tensor  # [B, D + 1, V]
+    state_draft: torch.Tensor  # [B, D + 1, V]
+    flat_state: tuple[torch.Tensor, torch.Tensor]  # views of the two above, [B (D + 1), V]
+    tables: tuple[torch.Tensor, torch.Tensor]  # target and draft tables, [B N, V]
+    buffers: tuple[torch.Tensor, ...]  # five [B, V] row buffers
+    leaf: torch.Tensor  # [B]
 
 
 class Traversal(TreeLowering):
@@ -220,9 +243,8 @@ class Traversal(TreeLowering):
 
     def start(
         self, batch: TreeBatch, target_probs: torch.Tensor, draft_probs: torch.Tensor
-    ) -> dict[str, Any]:
-        """The walk's state after the first descent: links, edge values, weights, the per-depth
-        updated rows and their flags, reused row buffers, every row's cursor (``leaf``)."""
+    ) -> WalkState:
+        """The walk's state after the first descent (:class:`WalkState`)."""
         batch_size, num_nodes, vocab = target_probs.shape
         device = batch.device
         rows = torch.arange(batch_size, device=device)  # [B]
@@ -240,46 +262,47 @@ class Traversal(TreeLowering):
         going = torch.ones(batch_size, dtype=torch.bool, device=device)  # [B]
         start = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B]
         leaf = self.descend(batch, links, start, going, weights, edge_target, edge_draft, rows)
-        return {
-            "links": links,
-            "node_tokens": node_tokens,
-            "parents": parents,
-            "edge_target": edge_target,
-            "edge_draft": edge_draft,
-            "weights": weights,
-            "updated_target": updated_target,
-            "updated_draft": torch.zeros_like(updated_target),  # [B, N]
-            "slots": slots,
-            "state_target": state_target,
-            "state_draft": torch.zeros_like(state_target),  # [B, D + 1, V]
-            "tables": [t.reshape(-1, vocab) for t in (target_probs, draft_probs)],  # [B N, V]
-            "buffers": [target_probs.new_empty((batch_size, vocab)) for _ in range(5)],
-            "leaf": leaf,  # [B]
-        }
+        state_draft = torch.zeros_like(state_target)  # [B, D + 1, V]
+        return WalkState(
+            links=links,
+            node_tokens=node_tokens,
+            parents=parents,
+            edge_target=edge_target,
+            edge_draft=edge_draft,
+            weights=weights,
+            updated_target=updated_target,
+            updated_draft=torch.zeros_like(updated_target),
+            slots=slots,
+            state_target=state_target,
+            state_draft=state_draft,
+            flat_state=(state_target.view(-1, vocab), state_draft.view(-1, vocab)),
+            tables=(target_probs.reshape(-1, vocab), draft_probs.reshape(-1, vocab)),
+            buffers=tuple(target_probs.new_empty((batch_size, vocab)) for _ in range(5)),
+            leaf=leaf,
+        )
 
     def reject_round(
-        self, batch: TreeBatch, state: dict[str, Any], noise: Noise, rows: torch.Tensor
+        self, batch: TreeBatch, state: WalkState, noise: Noise, rows: torch.Tensor
     ) -> torch.Tensor:
         """One test at the cursor of each row in ``rows [L]`` (rows that accepted earlier test
         their accepted node again and write nothing), and for the rows that reject, the parent's
         update and the cursor's move; returns which rejected, ``[L]``."""
         num_nodes = batch.parents.shape[1]
         count = rows.shape[0]
-        slots, weights = state["slots"], state["weights"]
-        parents, node_tokens, links = state["parents"], state["node_tokens"], state["links"]
-        state_target, state_draft = state["state_target"], state["state_draft"]
-        updated_target, updated_draft = state["updated_target"], state["updated_draft"]
-        target, draft, leftover, table_row, state_row = (b[:count] for b in state["buffers"])
-        leaf = state["leaf"][rows]  # [L]
+        slots, weights = state.slots, state.weights
+        parents, node_tokens, links = state.parents, state.node_tokens, state.links
+        state_target, state_draft = state.state_target, state.state_draft
+        updated_target, updated_draft = state.updated_target, state.updated_draft
+        target, draft, leftover, table_row, state_row = (b[:count] for b in state.buffers)
+        leaf = state.leaf[rows]  # [L]
         accepted = (leaf == 0) | self.accepts(noise.accept[rows, leaf], weights[rows, leaf])
         rejected = ~accepted  # [L]
         parent = parents[rows, leaf]  # [L]
         slot = batch.depth[rows, parent].clamp(0, slots - 1)  # [L]
         # The parent's current P and Q: its table rows, or its updated rows.
-        flat_state = [t.view(-1, t.shape[-1]) for t in (state_target, state_draft)]
         for table, flat, updated, out in (
-            (state["tables"][0], flat_state[0], updated_target, target),
-            (state["tables"][1], flat_state[1], updated_draft, draft),
+            (state.tables[0], state.flat_state[0], updated_target, target),
+            (state.tables[1], state.flat_state[1], updated_draft, draft),
         ):
             torch.index_select(table, 0, rows * num_nodes + parent, out=table_row)
             torch.index_select(flat, 0, rows * (slots + 1) + slot, out=state_row)
@@ -306,22 +329,22 @@ class Traversal(TreeLowering):
         )  # [L]
         weights[rows, safe] = torch.where(entering, entered, weights[rows, safe])
         below = self.descend(
-            batch, links, safe, entering, weights, state["edge_target"], state["edge_draft"], rows
+            batch, links, safe, entering, weights, state.edge_target, state.edge_draft, rows
         )  # [L]
         moved = torch.where(entering, below, parent)  # [L]
-        state["leaf"][rows] = torch.where(rejected, moved, leaf)
+        state.leaf[rows] = torch.where(rejected, moved, leaf)
         return rejected
 
     def finish(
-        self, batch: TreeBatch, state: dict[str, Any], target_probs: torch.Tensor, noise: Noise
+        self, batch: TreeBatch, state: WalkState, target_probs: torch.Tensor, noise: Noise
     ) -> Verified:
         """Every row has accepted (at the root at the latest): the stop draw at its cursor."""
         rows = torch.arange(batch.batch_size, device=batch.device)  # [B]
-        leaf = state["leaf"]  # [B]
-        slot = batch.depth[rows, leaf].clamp(0, state["slots"] - 1)  # [B]
+        leaf = state.leaf  # [B]
+        slot = batch.depth[rows, leaf].clamp(0, state.slots - 1)  # [B]
         probs = torch.where(
-            state["updated_target"][rows, leaf][:, None],
-            state["state_target"][rows, slot],
+            state.updated_target[rows, leaf][:, None],
+            state.state_target[rows, slot],
             target_probs[rows, leaf],
         )  # [B, V]
         token = ops.categorical(probs, noise.sample[rows, leaf])  # [B]
