@@ -188,7 +188,10 @@ def test_cost_model_length_is_the_predicted_argmax():
     fitted = CostModelLength(max_length=6, warmup=2)
     fitted.start(3)
     assert fitted.length(1) == 3  # the shape's length until measured
-    for drafted in (2, 5, 3):
+    prefill = {"draft": 1.0, "target": 5.0, "verify": 0}  # the first round also ran the prompt
+    fitted.update([2], [2], prefill, 2, 1)
+    assert fitted.length(1) == 3  # the first round is not measured
+    for drafted in (5, 3):
         seconds = {"draft": 0.02 * drafted, "target": 0.1 + 0.01 * (drafted + 1), "verify": 0}
         fitted.update([drafted], [drafted], seconds, drafted, 1)
     model = fitted.fitted()
@@ -253,16 +256,26 @@ def test_self_draft_schedule_grows_and_stops_at_the_budget(pair):
     assert out.stats.emitted == ((4, 6, 8, 10, 2),)  # chains of 3, 5, 7, 9, then the room
 
 
+def test_a_chain_is_cut_to_the_budget(pair):
+    """Without a length policy too, no token is drafted that the budget could not keep."""
+    target, _ = pair
+    dec = SpeculativeDecoder(target, target, "standard", Shape.chain(4))
+    out = dec.generate(torch.tensor([PROMPTS[0]]), max_new_tokens=7, temperature=0)
+    assert out.sequences[0, 5:].tolist() == greedy_reference(target, PROMPTS[0], 7)
+    assert out.stats.emitted == ((5, 2),)
+    assert out.stats.draft_forwards == 4 + 1  # chain(4) (the first with the prompt), chain(1)
+
+
 def test_early_stopping_spends_no_forward_past_the_stop(pair):
     target, draft = pair
     stopped = SpeculativeDecoder(target, ModelDraft(draft, confidence=1.0), "standard")
     out = stopped.generate(torch.tensor([PROMPTS[0]]), max_new_tokens=10, seed=0)
-    assert out.stats.draft_forwards == 1 + out.stats.rounds  # the prefill, one per round
+    assert out.stats.draft_forwards == out.stats.rounds  # one per round
     assert all(e <= 2 for e in out.stats.emitted[0])
     full = SpeculativeDecoder(target, draft, "standard").generate(
         torch.tensor([PROMPTS[0]]), max_new_tokens=10, seed=0
     )
-    assert full.stats.draft_forwards == 1 + 4 * full.stats.rounds  # chain(4): four levels
+    assert full.stats.draft_forwards == 4 * full.stats.rounds  # chain(4): four levels
 
 
 def test_mixed_draft_uses_the_lookup_where_it_matches(pair):

@@ -363,10 +363,11 @@ def two_token_law(target, settings):
     return law
 
 
-def two_token_counts(dec, settings, seed):
+def two_token_counts(dec, settings, seed, budget=2):
+    """The first two tokens of ``NUM_ROWS`` rows generating ``budget`` tokens each."""
     ids = torch.tensor([PROMPT] * NUM_ROWS)
-    out = dec.generate(ids, max_new_tokens=2, seed=seed, **settings)
-    tail = out.sequences[:, len(PROMPT) :].tolist()
+    out = dec.generate(ids, max_new_tokens=budget, seed=seed, **settings)
+    tail = out.sequences[:, len(PROMPT) : len(PROMPT) + 2].tolist()
     return Counter(tuple(row) for row in tail), out
 
 
@@ -383,9 +384,11 @@ def test_sampling_two_token_law(small_pair, scheme, shape, drafter, settings):
 
 
 def test_negative_control_always_accept_fails(small_pair):
+    """A budget of 3: a chain is cut to the tokens a row may still emit, and the mutant's two
+    drafted tokens must both be kept."""
     target, draft = small_pair
     dec = AlwaysAccept(target, draft, "standard", Shape.chain(2))
-    counts, _ = two_token_counts(dec, {}, seed=11)
+    counts, _ = two_token_counts(dec, {}, seed=11, budget=3)
     assert chi_square_pvalue(counts, two_token_law(target, {})) < ALPHA
 
 
@@ -528,7 +531,7 @@ def test_self_draft_accepts_every_position(gamma):
         for row in out.stats.emitted:
             assert row == (gamma + 1,) * 4, (scheme, row)
         assert out.stats.block_efficiency == gamma + 1
-        assert out.stats.target_forwards == 1 + 4  # the prefill, then one per round
+        assert out.stats.target_forwards == 4  # one per round, the first with the prompt
 
 
 def test_the_draft_cache_does_not_outlive_the_call(pair, monkeypatch):

@@ -162,18 +162,18 @@ class KVState:
         attend: torch.Tensor,  # [B, Q, T + Q] bool over the tentative slots and the new ones
         positions: torch.Tensor,  # [B, Q]
         query_valid: torch.Tensor,  # [B, Q] bool
-        last_only: bool = False,
+        keep: int = 0,
     ) -> torch.Tensor:
-        """Run the model on ``Q`` new tentative slots; the logits ``[B, Q, V]`` (``[B, 1, V]``
-        of the last query when ``last_only``)."""
+        """Run the model on ``Q`` new tentative slots; the logits ``[B, Q, V]`` (``[B, keep,
+        V]`` of the last ``keep`` queries when ``keep`` is positive)."""
         q = tokens.shape[1]
         past = self.valid[:, None, :] & query_valid[:, :, None]  # [B, Q, L]
         allowed = torch.cat([past, attend], dim=2)  # [B, Q, L + T + Q]
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
         mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
         kwargs: dict[str, Any] = {self.kwarg: self.cache}
-        if last_only and self.keeps_logits:
-            kwargs["logits_to_keep"] = 1
+        if 0 < keep < q and self.keeps_logits:
+            kwargs["logits_to_keep"] = keep
         out = self.model(
             input_ids=tokens,
             attention_mask=mask[:, None],
@@ -185,7 +185,7 @@ class KVState:
         self.tentative += q
         self.check_layers()
         logits = out.logits
-        return logits[:, -1:] if last_only else logits
+        return logits[:, -keep:] if keep else logits
 
     def forward_causal(
         self, tokens: torch.Tensor, valid: torch.Tensor, last_only: bool = False
@@ -196,7 +196,7 @@ class KVState:
             return None
         positions = self.lengths()[:, None] + (valid.long().cumsum(1) - 1).clamp_min(0)
         logits = self.forward(
-            tokens.clamp_min(0), causal_attend(valid), positions, valid, last_only
+            tokens.clamp_min(0), causal_attend(valid), positions, valid, int(last_only)
         )
         slots = torch.arange(tokens.shape[1], device=tokens.device).expand_as(valid)  # [B, Q]
         self.commit(torch.where(valid, slots, PAD))

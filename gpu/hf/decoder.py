@@ -163,6 +163,11 @@ class SpeculativeDecoder:
         ``Shape.chain(k)``, ``k`` picked before the round draws (chain shapes and tree
         verifiers only; ``shape``'s length is the first round's).
 
+    A chain never drafts past the budget: a round that can emit only ``r`` more tokens drafts
+    at most ``r - 1`` (as transformers' assisted generation does). That length is a function
+    of the past, so every chain scheme stays exact (the argument of
+    :mod:`~specsampling.gpu.hf.lengths`).
+
     A decoder holds the per-call state of its drafter and strategy: run one ``generate`` at a
     time on it.
 
@@ -215,6 +220,9 @@ class SpeculativeDecoder:
             check_adaptive(self.verification, "length")
         #: The adaptive draft length policy (``None``: every round drafts ``shape``).
         self.length = length
+        #: Whether a round near the budget drafts a shorter chain (a chain shape, verified by
+        #: a tree verifier: keyed couplings draft on their fixed plan).
+        self.cuts_chains = self.shape.is_chain and isinstance(self.verification, TreeVerification)
         #: Set to a list to record a :class:`RoundTrace` of every round.
         self.traces: list[RoundTrace] | None = None
 
@@ -294,7 +302,6 @@ class SpeculativeDecoder:
                 if self.length is not None:
                     self.length.start(self.shape.depth)
                 self.verification.start(state, keys, window)
-                state.prefill()
                 self.drafter.start(state)
                 while state.active:
                     self.round(state)
@@ -307,11 +314,13 @@ class SpeculativeDecoder:
     # ------------------------------------------------------------------ one round
     def round(self, state: DecodeState) -> None:
         """Draft, score, verify, commit; finished rows leave the batch."""
-        shape = None
-        if self.length is not None:  # this round's chain, chosen before anything is drawn
-            room = max(state.room(), 2)  # a round emits at most its length + 1 tokens
+        shape = None  # this round's chain, chosen before anything is drawn
+        room = max(state.room(), 2)  # a round emits at most its length + 1 tokens
+        if self.length is not None:
             shape = Shape.chain(min(self.length.length(state.batch_size), room - 1))
             before, forwards = dict(state.times), getattr(self.drafter, "forwards", 0)
+        elif self.cuts_chains and self.shape.depth > room - 1:  # no draft past the budget
+            shape = Shape.chain(room - 1)
         with state.timed("draft"):
             proposal = self.drafter.propose(state, self.verification.draw(state, shape))
         with state.timed("target"):

@@ -148,7 +148,8 @@ class CostModelLength(DraftLength):
     rejection); ``costs`` a fixed :class:`~specsampling.simulators.CostModel`, or ``None``:
     fitted online from the measured rounds (a draft forward's mean time; the target forward's
     time as a least-squares line in the tokens it scores; the verifier's time per node), the
-    decoder shape's length used until ``warmup`` rounds are measured.
+    decoder shape's length used until ``warmup`` rounds are measured. The first round of a call
+    is not measured: both models' first forward also runs the prompt.
 
     >>> from specsampling.simulators import CostModel
     >>> policy = CostModelLength(max_length=8, costs=CostModel.relative(draft_ratio=0.1))
@@ -202,6 +203,8 @@ class CostModelLength(DraftLength):
             self.successes += a
             self.trials += a + (1 if a < d else 0)
         self.rounds += 1
+        if self.rounds == 1:  # both models' first forward also ran the prompt: not fitted
+            return
         if draft_forwards:
             self.draft_seconds += seconds.get("draft", 0.0)
             self.draft_count += draft_forwards
@@ -230,7 +233,7 @@ class CostModelLength(DraftLength):
         return CostModel(fixed, slope, draft, 0.0, verify)
 
     def length(self, batch_size: int) -> int:
-        if self.costs is None and self.rounds < max(self.warmup, 1):
+        if self.costs is None and self.fit[0] < max(self.warmup, 1):  # rounds fitted
             return self.initial
         from specsampling.shapes import Shape
 

@@ -193,10 +193,9 @@ class ModelDraft(Drafter):
     def start(self, state: DecodeState) -> None:
         self.kv = KVState(self.model, state.batch_size, "draft")
         self.masks = None
-        self.pending, self.pending_valid = state.prompt[:, -1:], state.mask[:, -1:]  # [B, 1]
+        # the whole prompt is pending: its prefill is the first round's first forward
+        self.pending, self.pending_valid = state.prompt, state.mask  # [B, L]
         self.level_paths, self.level_exists = [], []
-        with state.timed("draft"):
-            self.kv.forward_causal(state.prompt[:, :-1], state.mask[:, :-1], last_only=True)
 
     @property
     def forwards(self) -> int:

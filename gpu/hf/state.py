@@ -26,8 +26,8 @@ from specsampling.validation import check_token
 
 from ..processing import process
 from ..schemes.base import Verified
-from ..tree import TreeBatch, path_nodes
-from .attention import KVState, ancestors_from_parents
+from ..tree import PAD, TreeBatch, path_nodes
+from .attention import KVState, ancestors_from_parents, causal_attend
 
 #: The decode phases timed by :meth:`DecodeState.timed` (the keys of ``times``).
 PHASES = ("draft", "target", "verify")
@@ -98,7 +98,10 @@ class DecodeState:
         self.num_rounds = 0
         self.times = dict.fromkeys(PHASES, 0.0)
         self.target = KVState(target, batch, "target")
-        self.pending = prompt[:, -1]  # [B] the target's pending token (not cached yet)
+        #: The tokens the target has not cached yet ``[B, P]`` and which lanes hold one: the
+        #: whole prompt before the first round (its prefill rides on the first score), then
+        #: the last emitted token. The last lane is always real: the root of the next tree.
+        self.pending, self.pending_valid = prompt, mask
 
     @property
     def batch_size(self) -> int:
@@ -127,18 +130,34 @@ class DecodeState:
         return process(logits, *self.settings)
 
     # ------------------------------------------------------------------ target
-    def prefill(self) -> None:
-        """Cache the prompts but their last token (the pending one) in the target."""
-        with self.timed("target"):
-            self.target.forward_causal(self.prompt[:, :-1], self.mask[:, :-1], last_only=True)
+    def next_position(self) -> torch.Tensor:
+        """``[B]``: the position after each row's committed and pending tokens."""
+        return self.target.lengths() + self.pending_valid.sum(1)
 
     def score(self, tree: TreeBatch) -> torch.Tensor:
-        """One target forward over ``[pending, nodes 1..N-1]``: raw logits ``[B, N, V]``."""
-        real = tree.real_nodes()  # [B, N]
-        tokens = torch.cat([self.pending[:, None], tree.tokens[:, 1:].clamp_min(0)], dim=1)
-        attend = ancestors_from_parents(tree.parents, tree.max_depth)  # [B, N, N]
-        positions = self.target.lengths()[:, None] + tree.depth.clamp_min(0)  # [B, N]
-        logits = self.target.forward(tokens, attend, positions, real)
+        """One target forward over ``[pending lanes, nodes 1..N-1]`` (the last pending token
+        is the root): raw logits ``[B, N, V]``."""
+        pending, valid = self.pending, self.pending_valid  # [B, P]
+        lanes = pending.shape[1]
+        nodes = tree.parents.shape[1]
+        tokens = torch.cat([pending.clamp_min(0), tree.tokens[:, 1:].clamp_min(0)], dim=1)
+        query_valid = torch.cat([valid, tree.real_nodes()[:, 1:]], dim=1)  # [B, P + N - 1]
+        width = lanes + nodes - 1
+        attend = torch.zeros(
+            (tree.batch_size, width, width), dtype=torch.bool, device=tokens.device
+        )  # [B, Q, Q]
+        attend[:, lanes - 1 :, lanes - 1 :] = ancestors_from_parents(tree.parents, tree.max_depth)
+        attend[:, lanes:, : lanes - 1] = valid[:, None, :-1]  # every node sees the pending
+        attend[:, :lanes, :lanes] = causal_attend(valid)
+        before = self.target.lengths()[:, None]  # [B, 1]
+        positions = torch.cat(
+            [
+                before + (valid.long().cumsum(1) - 1).clamp_min(0),  # [B, P]
+                before + valid.sum(1, keepdim=True) - 1 + tree.depth[:, 1:].clamp_min(0),
+            ],
+            dim=1,
+        )  # [B, Q]
+        logits = self.target.forward(tokens, attend, positions, query_valid, keep=nodes)
         return logits[..., : self.vocab_size]
 
     # ------------------------------------------------------------------ commit
@@ -166,10 +185,14 @@ class DecodeState:
             if not stop:
                 keep.append(b)
         self.num_rounds += 1
+        lanes = self.pending.shape[1]
+        slots = torch.arange(lanes, device=self.device).expand_as(self.pending_valid)
         path = path_nodes(tree, verified.node)  # [B, D] node of depth k + 1 on the accepted path
-        self.target.commit(torch.cat([torch.zeros_like(verified.node[:, None]), path], dim=1))
+        path = torch.where(path >= 0, path + lanes - 1, PAD)  # node n is slot P - 1 + n
+        self.target.commit(torch.cat([torch.where(self.pending_valid, slots, PAD), path], dim=1))
         accepted = verified.num_emitted - 1  # [B]
-        self.pending = verified.tokens.gather(1, accepted[:, None]).squeeze(1)  # [B]
+        self.pending = verified.tokens.gather(1, accepted[:, None])  # [B, 1]
+        self.pending_valid = torch.ones_like(self.pending, dtype=torch.bool)
         return keep
 
     def select_rows(self, keep: Sequence[int], rows: torch.Tensor) -> None:
@@ -177,7 +200,7 @@ class DecodeState:
         self.rows = [self.rows[b] for b in keep]
         self.contexts = [self.contexts[b] for b in keep]
         if keep:
-            self.pending = self.pending[rows]
+            self.pending, self.pending_valid = self.pending[rows], self.pending_valid[rows]
             self.target.select_rows(rows)
 
     # ------------------------------------------------------------------ output

@@ -334,7 +334,7 @@ class KeyedVerification:
         :meth:`specsampling.keyed.KeyedNoise.context` with the row's prompt as ``start``."""
         depth = depth.clamp_min(0)
         if self.window is None:  # the absolute position: committed + pending + path
-            return gk.position_context(state.target.lengths() + 1 + depth)
+            return gk.position_context(state.next_position() + depth)
         paths_h, depth_h = paths.tolist(), depth.tolist()
         sequences = [
             context + path[:d]
