@@ -10,8 +10,8 @@
   with a self-draft that accepts everything (the schedule's lengths grow and are cut by the
   budget);
 * **sampling losslessness**: the first two tokens' law over thousands of rows (chi-square on
-  counts) for every new drafting option, and an always-accept mutant under the same options
-  that must fail;
+  counts) for every new drafting option (an int8 weight-only draft among them), and an
+  always-accept mutant under the same options that must fail;
 * the policies' own rules (transformers' ``+2 / -1``; the cost model's argmax), early
   stopping's saved forwards, and refusals of what is not exact or not built.
 
@@ -50,6 +50,7 @@ from specsampling.gpu.hf import (  # noqa: E402
     ModelDraft,
     NGramDraft,
     SpeculativeDecoder,
+    quantize_int8,
 )
 from specsampling.gpu.hf import generate as hf_generate  # noqa: E402
 from specsampling.schemes.base import tables  # noqa: E402
@@ -230,6 +231,7 @@ def options(target, draft):
         ("mixed", MixedDraft(draft, NGramDraft(n=2, min_n=1)), None),
         ("all", MixedDraft(ModelDraft(draft, confidence=0.6)), HeuristicLength(initial=2)),
         ("layerskip", ModelDraft(LayerSkipDraft(target, [0]), confidence=0.9), HeuristicLength()),
+        ("int8", ModelDraft(quantize_int8(draft, max_rows=64), confidence=0.6), HeuristicLength()),
     ]
 
 
@@ -301,6 +303,7 @@ SAMPLING_CASES = [
     ("traversal", "cost model", {}),
     ("standard", "mixed", {}),
     ("standard", "all", {"temperature": 0.8, "top_p": 0.95}),
+    ("standard", "int8", {"temperature": 0.8}),
 ]
 NUM_CHI_SQUARE_TESTS = len(SAMPLING_CASES)
 ALPHA = FALSE_POSITIVE_BUDGET / NUM_CHI_SQUARE_TESTS
@@ -318,6 +321,8 @@ def small_options(draft):
         "cost model": (draft, CostModelLength(max_length=4, costs=CostModel.relative(0.1))),
         "mixed": (MixedDraft(draft, NGramDraft(n=2, min_n=1)), None),
         "all": (MixedDraft(ModelDraft(draft, confidence=0.3)), HeuristicLength(initial=1)),
+        # every call through the int8 kernel, the batch of rows included
+        "int8": (quantize_int8(draft, max_rows=10**6), HeuristicLength(initial=1)),
     }
 
 

@@ -223,6 +223,7 @@ def test_decode_ngram_needs_a_chain_before_loading(
         ["--draft-length", "cost", "--max-draft-length", "5"],
         ["--confidence", "0.5"],
         ["--mixed", "--draft-length", "heuristic", "--confidence", "0.9"],
+        ["--int8-draft", "--confidence", "0.4"],
     ],
     ids=" ".join,
 )
@@ -242,6 +243,7 @@ def test_decode_adaptive_options_print_the_greedy_text(
     [
         (["--draft", "ngram", "--confidence", "0.5"], "--confidence: needs a draft model"),
         (["--mixed"], "--mixed: needs a draft model"),
+        (["--draft", "ngram", "--int8-draft"], "--int8-draft: needs a draft model"),
         (
             ["--draft", "smollm2-135m", "--draft-length", "cost", "--shape", "paths(2, 2)"],
             "--shape: --draft-length, --confidence and --mixed draft chains",

@@ -5,6 +5,7 @@
   ragged acceptance;
 * :mod:`.drafters` -- the :class:`Drafter` protocol, :class:`NoDraft`, :class:`NGramDraft`;
   :mod:`.model_draft` -- :class:`ModelDraft` (a causal LM) and :class:`LayerSkipDraft`;
+  :mod:`.int8` -- :func:`quantize_int8`, an int8 weight-only copy of a draft model;
 * :mod:`.lengths` -- adaptive draft lengths: :class:`HeuristicLength` (transformers'
   heuristic schedule) and :class:`CostModelLength`; :class:`MixedDraft` -- prompt lookup
   where it finds a continuation, the model elsewhere;
@@ -24,6 +25,7 @@ from __future__ import annotations
 from .custom_generate import GENERATE_DIR, generate
 from .decoder import DecodeOutput, DecodeStats, RoundTrace, SpeculativeDecoder
 from .drafters import Drafter, Draw, NGramDraft, NoDraft, Proposal
+from .int8 import Int8Linear, quantize_int8
 from .lengths import CostModelLength, DraftLength, HeuristicLength
 from .model_draft import LayerSkipDraft, MixedDraft, ModelDraft
 from .models import MODELS, ChecksumError, cache_dir, fetch, load_model, resolve_model
@@ -42,6 +44,7 @@ __all__ = [
     "Drafter",
     "Draw",
     "HeuristicLength",
+    "Int8Linear",
     "KeyedVerification",
     "LayerSkipDraft",
     "MixedDraft",
@@ -56,5 +59,6 @@ __all__ = [
     "fetch",
     "generate",
     "load_model",
+    "quantize_int8",
     "resolve_model",
 ]

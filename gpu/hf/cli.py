@@ -37,6 +37,7 @@ from specsampling.gpu.hf import (
     cache_dir,
     fetch,
     load_model,
+    quantize_int8,
 )
 from specsampling.gpu.hf import models as _models
 from specsampling.validation import check_output_dir
@@ -281,6 +282,12 @@ def decode_parser() -> argparse.ArgumentParser:
         "by the model otherwise (a chain shape) (default: off)",
     )
     made.add_argument(
+        "--int8-draft",
+        action="store_true",
+        help="with a draft model: draft with its int8 weight-only copy (quantize_int8; about "
+        "twice as fast a forward on a CPU, the same losslessness) (default: off)",
+    )
+    made.add_argument(
         "--dtype",
         default="bfloat16",
         choices=DTYPES,
@@ -311,7 +318,12 @@ def _decode(args: argparse.Namespace) -> int:
             f"--shape: --draft ngram proposes chains; got {args.shape!r} (use 'chain(k)')"
         )
     model_draft = args.draft not in (None, "ngram")
-    for option, used in (("--confidence", args.confidence is not None), ("--mixed", args.mixed)):
+    needs_model = (
+        ("--confidence", args.confidence is not None),
+        ("--mixed", args.mixed),
+        ("--int8-draft", args.int8_draft),
+    )
+    for option, used in needs_model:
         if used and not model_draft:
             raise ValueError(f"{option}: needs a draft model (--draft MODEL), got {args.draft!r}")
     adaptive = args.draft_length != "fixed" or args.confidence is not None or args.mixed
@@ -335,7 +347,10 @@ def _decode(args: argparse.Namespace) -> int:
     if args.draft == "ngram":
         draft = NGramDraft(n=3)
     elif args.draft is not None:
-        draft = ModelDraft(load_model(args.draft, dtype=dtype)[0], confidence=args.confidence)
+        model = load_model(args.draft, dtype=dtype)[0]
+        if args.int8_draft:
+            model = quantize_int8(model)
+        draft = ModelDraft(model, confidence=args.confidence)
         if args.mixed:
             draft = MixedDraft(draft)
     decoder = SpeculativeDecoder(target, draft, args.scheme, args.shape, length=length)
