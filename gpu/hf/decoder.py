@@ -143,6 +143,11 @@ class RoundTrace:
 class SpeculativeDecoder:
     """Speculative decoding of ``target`` with ``draft`` under a lowered tree ``scheme``.
 
+    A chain is never drafted past the budget: a round that can emit only ``r`` more tokens
+    drafts at most ``r - 1`` (as transformers' assisted generation does). That length is a
+    function of the past, so every chain scheme stays exact (the argument of the module
+    :mod:`~specsampling.gpu.hf.lengths`).
+
     Parameters
     ----------
     target : transformers causal LM
@@ -162,11 +167,6 @@ class SpeculativeDecoder:
         choice, :class:`~specsampling.gpu.hf.lengths.CostModelLength`): each round drafts
         ``Shape.chain(k)``, ``k`` picked before the round draws (chain shapes and tree
         verifiers only; ``shape``'s length is the first round's).
-
-    A chain never drafts past the budget: a round that can emit only ``r`` more tokens drafts
-    at most ``r - 1`` (as transformers' assisted generation does). That length is a function
-    of the past, so every chain scheme stays exact (the argument of
-    :mod:`~specsampling.gpu.hf.lengths`).
 
     A decoder holds the per-call state of its drafter and strategy: run one ``generate`` at a
     time on it.
