@@ -23,6 +23,15 @@ How each step is computed:
   ``T = 1``, ``softmax(x / T)`` for a host-known ``T > 1`` (no overflow is possible), otherwise
   ``(x - max x) / T`` in place and then the softmax in place (a tiny temperature cannot overflow
   to ``inf - inf``). ``T = 0`` rows become one-hots in place.
+* **Top-k alone below float64** (top-p off and a host-known largest ``k < V`` on every row):
+  no softmax of the whole row. ``torch.topk`` of the *logits* gives the ``k + 1`` largest; the
+  first ``k`` are kept, each with probability :math:`e^{(\ell - \max \ell) / T} / Z`, ``Z`` the
+  sum over the kept ones, every other token 0. A row whose ``k``-th and ``k + 1``-th logits are
+  equal keeps, of the tied tokens, the lowest ids (one host read finds those rows; with
+  ``validate=False`` on an accelerator every row is done by that threshold rule, bit for bit the
+  same). Ranking by the logits and not by the float32 probabilities differs from the reference
+  only where two distinct logits round to one float32 probability (a tie the reference breaks
+  by id), and the values differ from the other routes' by rounding only.
 * **Top-k and top-p, ``validate=True``** (the default): a partial sort. ``torch.topk(m)`` gives
   the first ``m`` *values* of the stable ranking exactly (its order among equal values does not
   matter: equal values are interchangeable in a cumulative sum), so their sequential cumulative
@@ -64,8 +73,8 @@ arithmetic; float32, float16 and bfloat16 logits are processed and returned in *
 (bf16/fp16 are upcast first), with the fused softmax, the cumulative masses in float32, and
 ``p(K)`` defined as the last cumulative mass of the ranked kept row where top-k is on
 (``k < V``), else the row's plain float32 sum in token order (the partial sort and the full sort
-use this same definition, so they agree bit for bit); integer logits are processed in float64,
-as the reference does.
+use this same definition, so they agree bit for bit), except top-k alone, computed from the
+logits as above; integer logits are processed in float64, as the reference does.
 """
 
 from __future__ import annotations
@@ -155,17 +164,83 @@ def process(
     greedy = (temperature.rows == 0)[:, None]  # [R, 1]
     if temperature.host and temperature.host_max == 0:  # greedy on every row
         return _one_hot_argmax(x).reshape(logits.shape)
-    probs = _softmax(x, temperature, greedy)  # [R, V], a new tensor
-    drop = _drop(probs, top_k, top_p, validate)  # [R, V] or None
-    if drop is not None:  # where(out=) runs 2x faster than masked_fill_ on the CPU
-        torch.where(drop, torch.zeros((), dtype=probs.dtype, device=probs.device), probs, out=probs)
-    if drop is not None or exact:  # float64 renormalises as the reference does, bit for bit
-        probs.div_(_row_sum(probs))
+    if not exact and _top_k_alone(top_k, top_p, vocab_size):
+        sync_free = not (validate or _reads_are_free(x.device))
+        probs = _top_k_logits(x, temperature, greedy, top_k, sync_free)  # [R, V], normalised
+    else:
+        probs = _softmax(x, temperature, greedy)  # [R, V], a new tensor
+        drop = _drop(probs, top_k, top_p, validate)  # [R, V] or None
+        if drop is not None:  # where(out=) runs 2x faster than masked_fill_ on the CPU
+            zero = torch.zeros((), dtype=probs.dtype, device=probs.device)
+            torch.where(drop, zero, probs, out=probs)
+        if drop is not None or exact:  # float64 renormalises as the reference does, bit for bit
+            probs.div_(_row_sum(probs))
     if not (temperature.host and temperature.host_min > 0):  # some rows may be T = 0
         top = ops.argmax_blocks(x)[:, None]  # [R, 1]
         probs.masked_fill_(greedy, 0.0)  # [R, V], in place: a one-hot on greedy rows
         probs.scatter_(-1, top, torch.where(greedy, 1.0, probs.gather(-1, top)))
     return probs.reshape(logits.shape)
+
+
+def _top_k_alone(top_k: _Parameter, top_p: _Parameter, vocab_size: int) -> bool:
+    """Whether top-k is on with a host-known largest ``k < V`` and top-p off on every row."""
+    return top_k.host and top_k.host_max < vocab_size and top_p.host and top_p.host_min == math.inf
+
+
+def _top_k_logits(
+    x: torch.Tensor,
+    temperature: _Parameter,
+    greedy: torch.Tensor,
+    top_k: _Parameter,
+    sync_free: bool,
+) -> torch.Tensor:
+    """Top-k alone below float64 (``[R, V]``, normalised): no softmax of the whole row.
+
+    ``torch.topk`` of the logits gives each row's ``k_max + 1`` largest values; the kept ones are
+    the first ``k`` (ties to the lower ids), each with :func:`_kept_probs` of its logit, every
+    other token 0. A row whose ``k``-th and ``k + 1``-th logits are equal has its kept tokens
+    chosen by :func:`_top_k_from_kth` (all above the ``k``-th, then the tied ones by id); only
+    those rows, found by one host read, unless ``sync_free``, where every row is done that way.
+    """
+    vocab_size = x.shape[-1]
+    counts = top_k.rows.clamp(max=vocab_size).to(torch.int64)[:, None]  # [R, 1]
+    size = int(top_k.host_max) + 1  # <= V
+    values, index = torch.topk(x, size, dim=-1)  # [R, m] each, values decreasing
+    ranks = torch.arange(size, device=x.device)  # [m]
+    divisor = _divisor(x, temperature, greedy)  # [R, 1]
+    highest = values[:, :1]  # [R, 1] the row maximum
+    kth = values.gather(-1, counts - 1)  # [R, 1]
+    weights = _kept_probs(values, highest, divisor, None)  # [R, m] unnormalised
+    total = torch.where(ranks < counts, weights, 0.0).sum(-1, keepdim=True)  # [R, 1]
+    if sync_free:
+        keep = _top_k_from_kth(x, counts[:, 0], kth)  # [R, V]
+        return torch.where(keep, _kept_probs(x, highest, divisor, total), 0.0)
+    probs = torch.zeros_like(x)  # [R, V]
+    kept = torch.where(ranks < counts, _kept_probs(values, highest, divisor, total), 0.0)
+    probs.scatter_(-1, index, kept)  # [R, V]
+    tied = (kth == values.gather(-1, counts.clamp(max=size - 1)))[:, 0] & (counts[:, 0] < size)
+    rows = tied.nonzero()[:, 0].tolist()  # the host read: rows with a tie cut at the k-th
+    if rows:
+        at = torch.tensor(rows, device=x.device)  # [U]
+        keep = _top_k_from_kth(x[at], counts[at, 0], kth[at])  # [U, V]
+        probs[at] = torch.where(keep, _kept_probs(x[at], highest[at], divisor[at], total[at]), 0.0)
+    return probs
+
+
+def _kept_probs(
+    logits: torch.Tensor, highest: torch.Tensor, divisor: torch.Tensor, total: torch.Tensor | None
+) -> torch.Tensor:
+    """``exp((logits - highest) / divisor) / total`` (no division when ``total`` is None): one
+    sequence of operations, so a logit gets the same probability on every route."""
+    weights = ((logits - highest) / divisor).exp()
+    return weights if total is None else weights / total
+
+
+def _divisor(x: torch.Tensor, temperature: _Parameter, greedy: torch.Tensor) -> torch.Tensor:
+    """Each row's temperature in ``x``'s dtype ``[R, 1]``: 1 on greedy rows, and never below
+    the smallest subnormal (a tiny temperature then sends every non-maximum to 0, not NaN)."""
+    divisor = torch.where(greedy, 1.0, temperature.rows[:, None].to(torch.float64))  # [R, 1]
+    return divisor.clamp_min(_smallest_subnormal(x.dtype)).to(x.dtype)  # [R, 1]
 
 
 def _softmax(x: torch.Tensor, temperature: _Parameter, greedy: torch.Tensor) -> torch.Tensor:
@@ -185,8 +260,7 @@ def _softmax(x: torch.Tensor, temperature: _Parameter, greedy: torch.Tensor) -> 
         if temperature.host_min > 1:
             scaled = x / temperature.host_min  # [R, V]
             return torch._softmax(scaled, -1, False, out=scaled)
-    divisor = torch.where(greedy, 1.0, temperature.rows[:, None].to(torch.float64))  # [R, 1]
-    divisor = divisor.clamp_min(_smallest_subnormal(x.dtype)).to(x.dtype)  # [R, 1]
+    divisor = _divisor(x, temperature, greedy)  # [R, 1]
     scaled = (x - x.amax(-1, keepdim=True)).div_(divisor)  # [R, V], a new tensor
     if x.dtype != torch.float64:
         return torch._softmax(scaled, -1, False, out=scaled)

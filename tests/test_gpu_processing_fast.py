@@ -12,7 +12,10 @@ Checked here, with ``m`` patched small so that every branch runs at small vocabu
   float64 and in float32, and both the prefix and the fallback actually decide rows;
 * mutants of the threshold that keep one token too many are caught by these checks;
 * float32 agrees with float64 within the documented bound, and the fused softmax neither
-  overflows nor loses the greedy rows.
+  overflows nor loses the greedy rows;
+* top-k alone below float64 (from the logits, no full softmax) keeps the reference's tokens,
+  its two routes (top-k indices after one host read; the threshold rule, sync-free) agree bit
+  for bit, and a route keeping one token too many is caught.
 """
 
 from __future__ import annotations
@@ -394,3 +397,85 @@ def test_fused_softmax_does_not_overflow():
         got = process(logits, temperature)
         assert torch.isfinite(got).all() and torch.allclose(got.sum(-1), torch.ones(2))
         assert got.argmax(-1).tolist() == [0, 2]
+
+
+# ----------------------------------------------------------------------------------------------
+# Top-k alone below float64: ranked by the logits, no softmax of the whole row
+
+
+def top_k_rows(vocab_size: int, seed: int) -> torch.Tensor:
+    """Float32 logit rows: distinct values, and exact ties at and around every boundary."""
+    rng = np.random.default_rng([vocab_size, seed, 2])
+    rows = [
+        rng.normal(size=vocab_size) * 3,
+        rng.integers(0, 3, vocab_size).astype(np.float64),  # ties cut at most k
+        np.repeat(rng.normal(size=vocab_size // 4 + 1), 4)[:vocab_size],  # groups of four
+        np.where(np.arange(vocab_size) % 3 == 1, -math.inf, rng.normal(size=vocab_size)),
+        np.zeros(vocab_size),
+    ]
+    return torch.tensor(np.stack(rows * 4), dtype=torch.float32)
+
+
+def sync_free(*args, **kwargs):
+    with mock.patch.object(processing, "_reads_are_free", lambda device: False):
+        return process(*args, **kwargs, validate=False)
+
+
+@pytest.mark.parametrize("vocab_size", [6, 40, 300])
+def test_float32_top_k_alone_keeps_the_reference_tokens(vocab_size):
+    """The reference's kept tokens exactly (ties to the lower ids, ``-inf`` never above a finite
+    logit) and its values to float32 rounding, for host and per-row ``k`` and temperatures."""
+    x = top_k_rows(vocab_size, 0)
+    rounded = x.double().numpy()
+    rng = np.random.default_rng(vocab_size)
+    per_row_t = rng.choice([0.0, 0.3, 1.0, 2.5], len(x)).tolist()
+    for temperature, k in [
+        (1.0, 1),
+        (0.7, 3),
+        (per_row_t, 5),
+        (per_row_t, rng.integers(1, vocab_size, len(x)).tolist()),
+    ]:
+        got = process(x, temperature, k).double().numpy()
+        temps = temperature if isinstance(temperature, list) else [temperature] * len(x)
+        ks = k if isinstance(k, list) else [k] * len(x)
+        want = np.stack([ss.process(r, t, kk) for r, t, kk in zip(rounded, temps, ks, strict=True)])
+        assert ((got > 0) == (want > 0)).all(), (temperature, k)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+
+
+def test_float32_top_k_alone_routes_agree_bit_for_bit(monkeypatch):
+    """The CPU route (top-k indices, the tied rows by the threshold rule after one host read)
+    equals the sync-free route (every row by the threshold rule, no host read) bit for bit;
+    rows of both kinds occur."""
+    x = top_k_rows(40, 1)
+    temperature = torch.tensor([0.0, 0.5, 1.0, 2.0] * (len(x) // 4))
+    for k in [1, 4, 9, [1, 4, 9, 39] * (len(x) // 4)]:
+        fast = process(x, temperature, k)
+        assert torch.equal(process(x, temperature, k, validate=False), fast)
+        tolist = torch.Tensor.tolist
+        monkeypatch.setattr(torch.Tensor, "tolist", lambda self: pytest.fail("a host read"))
+        free = sync_free(x, temperature, k)
+        monkeypatch.setattr(torch.Tensor, "tolist", tolist)
+        assert torch.equal(free, fast), k
+    calls = []
+    original = processing._top_k_from_kth
+    monkeypatch.setattr(
+        processing, "_top_k_from_kth", lambda *a: calls.append(a[0].shape[0]) or original(*a)
+    )
+    process(x, 1.0, 4)
+    assert 0 < calls[0] < len(x)  # the tied rows only
+
+
+def test_float32_top_k_count_mutant_is_caught(monkeypatch):
+    """A route keeping one token too many fails the reference comparison."""
+    parse = processing._Parameter.parse
+
+    def one_more(value, name, batch_shape, device):
+        made = parse(value, name, batch_shape, device)
+        if name == "top_k" and made.host:
+            made.rows = made.rows + 1
+        return made
+
+    monkeypatch.setattr(processing._Parameter, "parse", staticmethod(one_more))
+    with pytest.raises(AssertionError):
+        test_float32_top_k_alone_keeps_the_reference_tokens(40)
