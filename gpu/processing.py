@@ -34,9 +34,10 @@ How each step is computed:
   by id), and the values differ from the other routes' by rounding only.
 * **Top-k and top-p, ``validate=True``** (the default): a partial sort. ``torch.topk(m)`` gives
   the first ``m`` *values* of the stable ranking exactly (its order among equal values does not
-  matter: equal values are interchangeable in a cumulative sum), so their sequential cumulative
-  masses, in the same dtype, are bit for bit the full sort's first ``m``. A row is decided from
-  them when its threshold ``top_p * p(K)`` is known and every rank from ``m`` on is dropped
+  matter: equal values are interchangeable in a cumulative sum), so their cumulative masses are
+  the full sort's first ``m`` (in float64 bit for bit in the same sequential order; below
+  float64 exactly, the masses being integers, see the dtype rule). A row is decided from them
+  when its threshold ``top_p * p(K)`` is known and every rank from ``m`` on is dropped
   (:func:`_top_p_prefix` gives the exact conditions); its kept set is then top-k with ``k`` =
   the number of kept ranks: the tokens above the last kept value, and of the tokens equal to it
   the lowest ids. Every row not decided (a nucleus longer than ``m``, or in float64 a rank whose
@@ -45,43 +46,56 @@ How each step is computed:
   exactly the full sort's. ``m`` is the whole vocabulary up to 4,096 tokens, else
   ``max(4096, V // 8)``, or one more than a host-known largest ``k < V``. Which rows need the
   full sort is learnt by one host read, on top of validation's.
-* **Top-p alone, ``validate=True``** (top-k off on every row, known on the host): the partial
-  sort's values come from a radix select's first pass instead of ``torch.topk``
-  (:func:`_nucleus_candidates`): each row's mass per float key (exponent and three mantissa
-  bits) by one ``scatter_add``, the highest key at which ``top_p`` of the mass is reached, and
-  every token at or above that key's smallest value, gathered and sorted. Those are an exact top
+* **Top-p alone below float64, ``validate=True``** (top-k off on every row, known on the host): a
+  radix select, exact, with no sort of the nucleus and no fallback (:func:`_keep_nucleus`): each
+  row's integer mass per float key (exponent and three mantissa bits) by one ``scatter_add``,
+  the key where the mass from the top reaches the threshold, and only that key's tokens (tens to
+  hundreds) gathered and sorted to find the last kept value. Host reads: the widest such key, and
+  the rows whose tie group at the last kept value is cut.
+* **Top-p alone in float64, ``validate=True``**: the partial sort's values come from a radix
+  select's first pass instead of ``torch.topk`` (:func:`_nucleus_candidates`): each row's mass
+  per float key by one ``scatter_add``, the highest key at which ``top_p`` of the mass is
+  reached, and every token at or above that key's smallest value, gathered and sorted (the
+  reference's sequential float64 sums need the whole nucleus in order). Those are an exact top
   of the ranking whatever the guess, so the rows are decided exactly as above, and a row whose
-  guess fell short goes to the full sort. No sort of the whole vocabulary and no ``topk`` of
-  thousands of ranks (a flat row's candidates are still most of its vocabulary, sorted). One
-  more host read: the widest row's count.
+  guess fell short goes to the full sort. One more host read: the widest row's count.
 * **Top-k and top-p, ``validate=False``**: on the CPU, where reading a value needs no device
   synchronisation (:func:`_reads_are_free`), exactly the routes above, only the value checks
   skipped. On an accelerator no host read at all, so no row can be sent to the fallback: top-k
   alone with a host-known largest ``k < V`` takes ``torch.topk`` and a threshold; anything with
   top-p takes the full stable sort of every row (the same tokens as above, bit for bit, only
   slower).
+* **Zeroing.** The dropped tokens are zeroed in place, ``p * (p >= v)`` chunk by chunk of rows
+  through one reused buffer (``v`` the last kept value), then the rows cut inside a tie group by
+  their own masks; the result is divided by its row sums.
 
 In float64 on CPU a row comes out bit for bit equal to the reference whenever torch's ``exp``
 rounds like numpy's (99% of the test grid's rows; the two ``exp`` differ by one ulp on about 5%
 of inputs). Where they differ, values agree to a few ulps and the kept tokens differ only if the
 reference's own choice hangs on that last bit (a tie created or broken by rounding, a cumulative
-mass within an ulp of the top-p threshold). On CUDA, ``cumsum`` is a parallel scan: the same
-caveat holds for cumulative masses hit exactly.
+mass within an ulp of the top-p threshold). On CUDA, ``cumsum`` is a parallel scan: in float64
+the same caveat holds for cumulative masses hit exactly (below float64 the masses are integers,
+whose sums do not depend on the order).
 
 Dtype rule: float64 logits are processed and returned in float64, with the reference's
 arithmetic; float32, float16 and bfloat16 logits are processed and returned in **float32**
-(bf16/fp16 are upcast first), with the fused softmax, the cumulative masses in float32, and
-``p(K)`` defined as the last cumulative mass of the ranked kept row where top-k is on
-(``k < V``), else the row's plain float32 sum in token order (the partial sort and the full sort
-use this same definition, so they agree bit for bit), except top-k alone, computed from the
-logits as above; integer logits are processed in float64, as the reference does.
+(bf16/fp16 are upcast first), with the fused softmax, except top-k alone, computed from the
+logits as above; integer logits are processed in float64, as the reference does. Below float64
+the top-p masses are **integers**: a token's mass is :math:`\lfloor p\,2^s \rfloor` with
+:math:`s = 62 - \mathrm{bit\_length}(V)` (:func:`_fixed`; :math:`2^{-47}` units at V = 32,000,
+so no ``int64`` sum can overflow), ``p(K)`` is the integer sum over the top-k set (the whole row
+with top-k off), and a rank is kept while its integer mass-before is below
+:math:`\lceil \mathrm{top\_p} \cdot p(K) \rceil` (the product in float64). Integer sums are exact
+in any order, so every route -- the radix select, the partial sort, the full sort, a parallel
+scan on an accelerator -- keeps the same tokens; they differ from the float64 reference's only
+where a mass-before lies within float32 rounding of the threshold.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -169,11 +183,10 @@ def process(
         probs = _top_k_logits(x, temperature, greedy, top_k, sync_free)  # [R, V], normalised
     else:
         probs = _softmax(x, temperature, greedy)  # [R, V], a new tensor
-        drop = _drop(probs, top_k, top_p, validate)  # [R, V] or None
-        if drop is not None:  # where(out=) runs 2x faster than masked_fill_ on the CPU
-            zero = torch.zeros((), dtype=probs.dtype, device=probs.device)
-            torch.where(drop, zero, probs, out=probs)
-        if drop is not None or exact:  # float64 renormalises as the reference does, bit for bit
+        kept = _keep(probs, top_k, top_p, validate)  # or None: every token kept
+        if kept is not None:
+            _zero_dropped(probs, kept)  # in place
+        if kept is not None or exact:  # float64 renormalises as the reference does, bit for bit
             probs.div_(_row_sum(probs))
     if not (temperature.host and temperature.host_min > 0):  # some rows may be T = 0
         top = ops.argmax_blocks(x)[:, None]  # [R, 1]
@@ -268,18 +281,48 @@ def _softmax(x: torch.Tensor, temperature: _Parameter, greedy: torch.Tensor) -> 
     return probs.div_(_row_sum(probs))
 
 
-def _drop(
-    probs: torch.Tensor, top_k: _Parameter, top_p: _Parameter, validate: bool
-) -> torch.Tensor | None:
-    """The tokens dropped by top-k then top-p on the stable ranking (``[R, V]`` bool), or None.
+class _Kept(NamedTuple):
+    """The tokens top-k then top-p keep: in every row those at or above ``threshold [R, 1]``
+    (``None``: all), and in the rows ``index [U]`` only those of ``masks [U, V]`` too."""
 
-    With ``validate=True``, or on the CPU (:func:`_reads_are_free`): :func:`_top_p_prefix`, a
-    partial sort of ``m`` ranks (:func:`_prefix_size`, or one more than a host-known largest
-    ``k < V``; for top-p alone :func:`_nucleus_candidates`), then the full stable sort of
-    :func:`_keep_sorted` on each row the prefix cannot decide exactly (one host read says which).
-    With ``validate=False`` on an accelerator (no host read allowed): top-k alone with a
-    host-known largest ``k < V`` by ``torch.topk`` and a threshold, anything else with top-p by
-    the full sort of every row. Parameters known on the host to be off on every row cost nothing.
+    threshold: torch.Tensor | None
+    index: torch.Tensor | None = None
+    masks: torch.Tensor | None = None
+
+
+def _zero_dropped(probs: torch.Tensor, kept: _Kept) -> None:
+    """Zero, in place, the tokens of ``probs [R, V]`` that ``kept`` drops: the threshold chunk by
+    chunk of rows (``p * (p >= v)`` with the comparison written as 0.0 / 1.0 into one reused
+    buffer of ``probs``' dtype: ``p * 1 = p``, ``p * 0 = 0``; on the CPU a whole-table
+    ``where``, or a multiply by a boolean mask, which converts it first, costs several times
+    that), then the masked rows."""
+    if kept.threshold is not None:
+        step = _row_chunks(probs, _NUCLEUS_CHUNK_ELEMENTS)
+        buffer = torch.empty(step, probs.shape[-1], dtype=probs.dtype, device=probs.device)
+        for start in range(0, len(probs), step):
+            chunk = probs[start : start + step]  # [c, V]
+            above = torch.ge(chunk, kept.threshold[start : start + step], out=buffer[: len(chunk)])
+            chunk.mul_(above)
+    if kept.masks is not None and kept.index is None:  # every row masked (no host read)
+        probs.mul_(kept.masks)
+    elif kept.masks is not None:
+        probs[kept.index] = probs[kept.index] * kept.masks  # [U, V]
+
+
+def _keep(
+    probs: torch.Tensor, top_k: _Parameter, top_p: _Parameter, validate: bool
+) -> _Kept | None:
+    """The tokens kept by top-k then top-p on the stable ranking, or None (all of them).
+
+    With ``validate=True``, or on the CPU (:func:`_reads_are_free`): top-p alone below float64
+    by :func:`_keep_nucleus` (a radix select, exact, no sort of the nucleus); otherwise
+    :func:`_top_p_prefix`, a partial sort of ``m`` ranks (:func:`_prefix_size`, or one more than
+    a host-known largest ``k < V``; for top-p alone in float64 :func:`_nucleus_candidates`),
+    then the full stable sort of :func:`_keep_sorted` on each row the prefix cannot decide
+    exactly (one host read says which). With ``validate=False`` on an accelerator (no host read
+    allowed): top-k alone with a host-known largest ``k < V`` by ``torch.topk`` and a threshold,
+    anything else with top-p by the full sort of every row. Parameters known on the host to be
+    off on every row cost nothing.
     """
     vocab_size = probs.shape[-1]
     use_k = not (top_k.host and top_k.host_min >= vocab_size)
@@ -288,9 +331,11 @@ def _drop(
         return None
     counts = top_k.rows.clamp(max=vocab_size).to(torch.int64)  # [R]
     small_k = top_k.host and top_k.host_max < vocab_size
-    masses = torch.where(top_p.rows >= 1, math.inf, top_p.rows.to(probs.dtype))  # [R]
+    masses = torch.where(top_p.rows >= 1, math.inf, top_p.rows.to(torch.float64))  # [R]
     if validate or _reads_are_free(probs.device):
-        if use_p and not use_k:  # top-p alone: the candidates of a radix histogram
+        if use_p and not use_k and probs.dtype != torch.float64:
+            return _keep_nucleus(probs, masses)
+        if use_p and not use_k:  # float64 top-p alone: the candidates of a radix histogram
             values, valid = _nucleus_candidates(probs, masses)
         else:
             size = _prefix_size(vocab_size)
@@ -300,8 +345,8 @@ def _drop(
             valid = torch.full(counts.shape, size, device=probs.device)  # [R]
         return _top_p_with_fallback(probs, counts, masses, values, valid)
     if not use_p and small_k:
-        return ~_top_k_by_threshold(probs, counts, int(top_k.host_max))
-    return ~_keep_sorted(probs, counts, masses)
+        return _Kept(None, masks=_top_k_by_threshold(probs, counts, int(top_k.host_max)))
+    return _Kept(None, masks=_keep_sorted(probs, counts, masses))
 
 
 def _reads_are_free(device: torch.device) -> bool:
@@ -311,29 +356,51 @@ def _reads_are_free(device: torch.device) -> bool:
 
 
 def _keep_sorted(probs: torch.Tensor, counts: torch.Tensor, masses: torch.Tensor) -> torch.Tensor:
-    """Top-k then top-p by one stable sort of every row, as the reference (``[R, V]`` bool)."""
+    """Top-k then top-p by one stable sort of every row, as the reference (``[R, V]`` bool):
+    float64 with the reference's cumulative masses, below float64 with :func:`_fixed` ones."""
     vocab_size = probs.shape[-1]
     ranked, order = torch.sort(probs, dim=-1, descending=True, stable=True)  # [R, V] each
     keep = torch.arange(vocab_size, device=probs.device) < counts[:, None]  # [R, V], ranked
     kept = torch.where(keep, ranked, torch.zeros_like(ranked))  # [R, V]
-    cumulative = kept.cumsum(-1)  # [R, V]
-    mass_before = cumulative - kept  # [R, V]
-    total = _kept_total(probs, kept, cumulative[:, -1:], counts)  # [R, 1]
-    keep = keep & (mass_before < masses[:, None] * total)  # [R, V]
+    if probs.dtype == torch.float64:
+        cumulative = kept.cumsum(-1)  # [R, V]
+        mass_before = cumulative - kept  # [R, V]
+        threshold = masses[:, None] * _row_sum(kept)  # [R, 1]: p(K) in numpy's pairwise order
+    else:
+        units = _fixed(kept, vocab_size)  # [R, V] int64
+        cumulative = units.cumsum(-1)  # [R, V], exact
+        mass_before = cumulative - units  # [R, V]
+        threshold = _fixed_threshold(masses, cumulative[:, -1])[:, None]  # [R, 1]
+    keep = keep & (mass_before < threshold)  # [R, V]
     return torch.zeros_like(keep).scatter_(-1, order, keep)  # [R, V], back in token order
 
 
-def _kept_total(probs, kept, last, counts) -> torch.Tensor:
-    """p(K), the top-p threshold's total ``[R, 1]``, from the ranked kept row ``kept [R, V]``.
+# Below float64 the top-p masses are counted in integer units of ``2 ** -shift`` (:func:`_fixed`),
+# ``shift = 62 - bit_length(V)``: ``V`` units of at most ``2 ** shift`` each sum below
+# ``2 ** 62``, so no ``int64`` sum overflows, and every sum is exact in any order.
+def _fixed_shift(vocab_size: int) -> int:
+    """The fixed-point scale of :func:`_fixed` for a vocabulary of ``vocab_size`` tokens."""
+    return 62 - max(1, vocab_size).bit_length()
 
-    Float64: the reference's sum of its ranked kept row, in numpy's pairwise order. Below float64
-    (a definition, so that :func:`_top_p_prefix` reproduces it without the full sort): the last
-    sequential cumulative mass ``last [R, 1]`` where top-k is on (``k < V``), else the plain sum
-    of the row in token order.
-    """
-    if probs.dtype == torch.float64:
-        return _row_sum(kept)  # [R, 1]
-    return torch.where(counts[:, None] < probs.shape[-1], last, probs.sum(-1, keepdim=True))
+
+def _fixed(values: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    r"""Probabilities below float64 as integer masses, :math:`\lfloor p\,2^s \rfloor` ``int64``
+    (``s`` the :func:`_fixed_shift` of ``vocab_size``): the scaling is exact in float32, the
+    conversion truncates. Their sums are exact and independent of the order of addition (a
+    cumulative sum of a sorted row, a histogram, a parallel scan on an accelerator all agree),
+    and a token's mass is short of :math:`p` by under :math:`2^{-s}` (:math:`2^{-47}` at
+    V = 32,000)."""
+    return (values * 2.0 ** _fixed_shift(vocab_size)).to(torch.int64)
+
+
+def _fixed_threshold(masses: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+    r"""The top-p threshold in :func:`_fixed` units, ``int64 [R]``: a rank is kept when its
+    integer mass-before is below :math:`\lceil \mathrm{top\_p} \cdot T \rceil` (``T`` the
+    integer total of the kept set, the product in float64), which for an integer mass-before
+    is the same as being below :math:`\mathrm{top\_p} \cdot T`. Top-p off (``masses = inf``):
+    ``2 ** 62``, above every mass."""
+    product = torch.ceil(masses.to(torch.float64) * total.to(torch.float64))  # [R]
+    return torch.where(masses == math.inf, 2.0**62, product).clamp(max=2.0**62).to(torch.int64)
 
 
 def _top_p_with_fallback(
@@ -344,19 +411,23 @@ def _top_p_with_fallback(
     valid: torch.Tensor,
 ) -> torch.Tensor:
     """:func:`_top_p_prefix` on every row, then the full sort on the rows it leaves undecided
-    (``[R, V]`` bool, the dropped tokens). One host read: the rows' flags."""
+    (the kept tokens). One host read: the rows' flags."""
     last_value, num_kept, decided, partial = _top_p_prefix(probs, counts, masses, values, valid)
     flags = torch.stack([~decided, partial & decided]).tolist()  # the host read
-    drop = probs < last_value  # [R, V]
     tied_rows = [row for row, flag in enumerate(flags[1]) if flag]
+    rows = [row for row, flag in enumerate(flags[0]) if flag]
+    if not (tied_rows or rows):
+        return _Kept(last_value)
+    masks = []
     if tied_rows:  # rare: the last kept value's tie group is cut; keep its lowest ids only
         index = torch.tensor(tied_rows, device=probs.device)  # [U]
-        drop[index] = ~_top_k_from_kth(probs[index], num_kept[index], last_value[index])
-    rows = [row for row, flag in enumerate(flags[0]) if flag]
-    if rows:
+        masks.append(_top_k_from_kth(probs[index], num_kept[index], last_value[index]))
+    if rows:  # the full sort decides these alone: no threshold
         index = torch.tensor(rows, device=probs.device)  # [U]
-        drop[index] = ~_keep_sorted(probs[index], counts[index], masses[index])
-    return drop
+        masks.append(_keep_sorted(probs[index], counts[index], masses[index]))
+        last_value = last_value.index_fill(0, index, -1.0)  # [R, 1]
+    index = torch.tensor(tied_rows + rows, device=probs.device)  # [U]
+    return _Kept(last_value, index, torch.cat(masks))
 
 
 #: The radix keys of :func:`_nucleus_candidates`, per dtype: the signed integer of the same width
@@ -373,6 +444,11 @@ _CANDIDATE_MARGIN = 1e-3
 #: threshold (32 MB), so that each chunk's temporaries reuse the heap instead of faulting in
 #: fresh pages (a fresh [576, 32,000] buffer costs about twice the softmax that fills it).
 _CHUNK_ELEMENTS = 2**20
+
+#: Elements per row chunk of :func:`_keep_nucleus` on the CPU: its three ``int64``/``float32``
+#: work buffers are faulted in afresh on every call, so smaller chunks cost less there (measured
+#: at 2**16 to 2**20 on 9 x 151,936 and 576 x 32,000 rows).
+_NUCLEUS_CHUNK_ELEMENTS = 2**18
 
 #: Elements per row chunk on an accelerator: a 512 MB int64 key buffer at most, whatever the batch.
 _DEVICE_CHUNK_ELEMENTS = 2**26
@@ -427,6 +503,101 @@ def _nucleus_candidates(
     return table.sort(dim=-1, descending=True).values, valid
 
 
+def _row_chunks(probs: torch.Tensor, elements: int | None = None) -> int:
+    """Rows per chunk of ``probs [R, V]`` for the chunked passes: ``elements`` (by default
+    :data:`_CHUNK_ELEMENTS`) on the CPU, :data:`_DEVICE_CHUNK_ELEMENTS` elsewhere; at least one
+    row."""
+    if probs.device.type != "cpu":
+        elements = _DEVICE_CHUNK_ELEMENTS
+    elif elements is None:
+        elements = _CHUNK_ELEMENTS
+    return min(max(1, len(probs)), max(1, elements // max(1, probs.shape[-1])))
+
+
+def _fixed_sums(probs: torch.Tensor) -> torch.Tensor:
+    """Each row's total in :func:`_fixed` units, ``int64 [R]``, chunk by chunk (no ``[R, V]``
+    int64 temporary)."""
+    step = _row_chunks(probs)
+    sums = [
+        _fixed(probs[start : start + step], probs.shape[-1]).sum(-1)
+        for start in range(0, len(probs), step)
+    ]
+    return torch.cat(sums) if sums else torch.zeros(0, dtype=torch.int64, device=probs.device)
+
+
+def _keep_nucleus(probs: torch.Tensor, masses: torch.Tensor) -> _Kept:
+    r"""Top-p alone below float64 (the kept tokens), exactly
+    :func:`_keep_sorted`'s set, by a radix select instead of a sort.
+
+    Masses are integers (:func:`_fixed`), so the mass before a rank is the same whatever the order
+    of addition. One pass per chunk of rows: each row's integer mass per radix key (the float's
+    exponent and 3 highest mantissa bits, :data:`_RADIX`; a key's values all rank above every
+    lower key's) by one ``scatter_add``, summed from the highest key down. The **boundary key**
+    is the first whose running mass reaches the threshold :math:`\lceil \mathrm{top\_p}\,T \rceil`
+    (:func:`_fixed_threshold`): every token of a higher key is kept (its mass-before is
+    below the mass above the boundary, which is below the threshold), every token of a lower key
+    dropped (its mass-before is at least the running mass through the boundary). Only the
+    boundary key's tokens (tens to hundreds per row) are gathered and sorted, their exact
+    masses-before formed from the mass above, and the last kept value ``v`` read off: the row
+    keeps every token above ``v`` and, of those equal to ``v`` (all in the boundary key), the
+    lowest ids, as many as the ranking keeps (a row where that is not all of them is flagged,
+    and cut by :func:`_top_k_from_kth`). Rows with top-p off keep everything. Host reads: the
+    widest boundary, and the flagged rows.
+    """
+    num_rows, vocab_size = probs.shape
+    if num_rows == 0:
+        return _Kept(None)
+    int_dtype, radix_shift = _RADIX[probs.dtype]
+    num_keys = 1 << (torch.finfo(probs.dtype).bits - 2 - radix_shift)  # values <= 1: half of them
+    step = _row_chunks(probs, _NUCLEUS_CHUNK_ELEMENTS)
+    key_buffer = torch.empty(step, vocab_size, dtype=torch.int64, device=probs.device)
+    unit_buffer = torch.empty(step, vocab_size, dtype=torch.int64, device=probs.device)
+    scaled_buffer = torch.empty(step, vocab_size, dtype=probs.dtype, device=probs.device)
+    chosen_buffer = torch.empty(step, vocab_size, dtype=torch.bool, device=probs.device)
+    scale = 2.0 ** _fixed_shift(vocab_size)
+    counts, flats, aboves, thresholds = [], [], [], []
+    for start in range(0, num_rows, step):
+        chunk = probs[start : start + step]  # [c, V]
+        size = len(chunk)
+        keys = key_buffer[:size].copy_(chunk.view(int_dtype)).bitwise_right_shift_(radix_shift)
+        keys.bitwise_and_(num_keys - 1)  # a no-op on probabilities; a NaN's sign bit dropped
+        units = unit_buffer[:size].copy_(torch.mul(chunk, scale, out=scaled_buffer[:size]))
+        mass = torch.zeros(size, num_keys, dtype=torch.int64, device=probs.device)
+        below = mass.scatter_add_(-1, keys, units).cumsum_(-1)  # [c, K]: keys <= k, inclusive
+        total = below[:, -1:]  # [c, 1]
+        threshold = _fixed_threshold(masses[start : start + step], total[:, 0])  # [c]
+        # a key's mass at or above it is total - (the mass below it): the boundary is the
+        # highest key where that still reaches the threshold (-1, no key, where top-p is off)
+        reach = torch.cat([torch.zeros_like(total), below[:, :-1]], 1) <= total - threshold[:, None]
+        boundary = reach.sum(-1) - 1  # [c]
+        above = total[:, 0] - below.gather(-1, boundary.clamp(min=0)[:, None])[:, 0]  # [c]
+        aboves.append(above)  # the mass of the keys above the boundary
+        thresholds.append(threshold)
+        chosen = torch.eq(keys, boundary[:, None], out=chosen_buffer[:size])  # [c, V]
+        where = chosen.nonzero()  # [n, 2], row-major: each row's boundary tokens in token order
+        counts.append(torch.bincount(where[:, 0], minlength=size))  # (a bool sum costs more)
+        flats.append(chunk[where[:, 0], where[:, 1]])  # [n]
+    valid = torch.cat(counts)  # [R]
+    width = max(1, int(valid.max()))  # the host read
+    slots = torch.arange(width, device=probs.device) < valid[:, None]  # [R, w]
+    table = torch.full((num_rows, width), -1.0, dtype=probs.dtype, device=probs.device)
+    table = table.masked_scatter_(slots, torch.cat(flats)).sort(-1, descending=True).values
+    units = _fixed(table.clamp(min=0), vocab_size)  # [R, w]: padding (-1, last) counts 0
+    mass_before = torch.cat(aboves)[:, None] + units.cumsum(-1) - units  # [R, w]
+    num_kept = (slots & (mass_before < torch.cat(thresholds)[:, None])).sum(-1)  # [R]
+    last_value = table.gather(-1, (num_kept - 1).clamp(min=0)[:, None])  # [R, 1]
+    last_value = torch.where(valid[:, None] == 0, -1.0, last_value)  # top-p off: keep all
+    room = num_kept - (table > last_value).sum(-1)  # [R]: the tokens equal to v that are kept
+    cut = (valid > 0) & (room < (table == last_value).sum(-1))  # [R]
+    rows = cut.nonzero()[:, 0].tolist()  # the host read: rows whose tie group at v is cut
+    if not rows:
+        return _Kept(last_value)
+    index = torch.tensor(rows, device=probs.device)  # [U]
+    part = probs[index]  # [U, V]
+    counts_kept = (part > last_value[index]).sum(-1) + room[index]  # [U]
+    return _Kept(last_value, index, _top_k_from_kth(part, counts_kept, last_value[index]))
+
+
 def _prefix_size(vocab_size: int) -> int:
     """The partial sort's length m: all of a small vocabulary, else an eighth of it (at least
     4096): enough for the nucleus of ``top_p = 0.9`` of 3 x N(0, 1) logits at V = 32,000."""
@@ -474,11 +645,11 @@ def _top_p_prefix(
     ranks = torch.arange(m, device=probs.device)  # [m]
     in_k = ranks < torch.minimum(counts, valid)[:, None]  # [R, m]
     kept = torch.where(in_k, values, torch.zeros_like(values))  # [R, m]
-    cumulative = kept.cumsum(-1)  # [R, m]: the full sort's first `valid` cumulative masses
-    mass_before = cumulative - kept  # [R, m]
     k_inside = counts <= valid  # [R]
     off = masses == math.inf  # [R]: top-k only
     if probs.dtype == torch.float64:
+        cumulative = kept.cumsum(-1)  # [R, m]: the full sort's first `valid` cumulative masses
+        mass_before = cumulative - kept  # [R, m]
         unit = 2.0**-53
         padded = torch.zeros_like(probs)  # [R, V]: the reference's ranked kept row if k <= valid
         padded[:, :m] = kept
@@ -487,18 +658,24 @@ def _top_p_prefix(
         width = 4 * (32 + math.log2(vocab_size)) * unit  # relative half-width of the band
         band = torch.where(k_inside | off, 0.0, width * centre)  # [R]
         low, high = centre - band, centre + band  # [R] each
-    else:
-        unit = float(torch.finfo(probs.dtype).eps)
-        last = cumulative[:, -1:]  # [R, 1]: p(K) where top-k is on and k <= valid
-        total = torch.where(counts[:, None] < vocab_size, last, probs.sum(-1, keepdim=True))
-        low = high = (masses[:, None] * total)[:, 0]  # [R], compared in the dtype as there
-    sure_in = mass_before < low[:, None]  # [R, m]
-    sure_out = mass_before >= high[:, None]  # [R, m]
+        sure_in = mass_before < low[:, None]  # [R, m]
+        sure_out = mass_before >= high[:, None]  # [R, m]
+        reached = cumulative[:, -1]  # [R]
+        beyond = k_inside | (reached - 8 * unit * reached.clamp_min(1.0) >= high)  # [R]
+    else:  # integer masses: every sum exact, so every comparison decides
+        units = _fixed(kept, vocab_size)  # [R, m]
+        cumulative = units.cumsum(-1)  # [R, m]: the full sort's first `valid`, exactly
+        mass_before = cumulative - units  # [R, m]
+        total = cumulative[:, -1]  # [R]: p(K) where k <= valid
+        if m < vocab_size and not bool(k_inside.all()):  # top-k off on some row: p(K) is the row's
+            total = torch.where(k_inside, total, _fixed_sums(probs))  # [R]
+        threshold = _fixed_threshold(masses, total)  # [R]
+        sure_in = mass_before < threshold[:, None]  # [R, m]
+        sure_out = ~sure_in  # [R, m]
+        beyond = k_inside | (cumulative[:, -1] >= threshold)  # [R]: rank `valid` is not kept
     keep_rank = in_k & sure_in  # [R, m]
     settled = ~(in_k & ~sure_in & ~sure_out).any(-1)  # [R]
     is_prefix = (keep_rank[:, 1:] <= keep_rank[:, :-1]).all(-1)  # [R]
-    reached = cumulative[:, -1].double()  # [R]
-    beyond = k_inside | (reached - 8 * unit * reached.clamp_min(1.0) >= high.double())  # [R]
     known = k_inside | (counts >= vocab_size)  # [R]: p(K) formed from the prefix
     keep_all = off & (counts >= vocab_size)  # [R]
     decided = keep_all | (settled & is_prefix & beyond & known)  # [R]

@@ -213,37 +213,111 @@ class CandidateCounter:
         monkeypatch.setattr(processing, "_nucleus_candidates", counted)
 
 
+class NucleusCounter:
+    """Counts the calls of the radix select (top-p alone below float64)."""
+
+    def __init__(self, monkeypatch):
+        self.calls = 0
+        original = processing._keep_nucleus
+
+        def counted(probs, masses):
+            self.calls += 1
+            return original(probs, masses)
+
+        monkeypatch.setattr(processing, "_keep_nucleus", counted)
+
+
 @pytest.mark.parametrize("margin", [1e-3, -0.5, 0.0])
 @pytest.mark.parametrize("chunk", [None, 64])
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("vocab_size", [1, 2, 7, 40, 300])
-def test_top_p_alone_by_candidates_keeps_the_sorted_tokens(
-    margin, chunk, dtype, vocab_size, monkeypatch
-):
-    """Every guess of the histogram is sound: a short one (margin -0.5: the candidates hold half
-    the needed mass) sends rows to the full sort, a tight one (0) decides them at the edge.
-    ``chunk = 64`` elements: many row chunks, the last one ragged."""
+def test_top_p_alone_by_candidates_keeps_the_sorted_tokens(margin, chunk, vocab_size, monkeypatch):
+    """Float64: every guess of the histogram is sound: a short one (margin -0.5: the candidates
+    hold half the needed mass) sends rows to the full sort, a tight one (0) decides them at the
+    edge. ``chunk = 64`` elements: many row chunks, the last one ragged."""
     monkeypatch.setattr(processing, "_CANDIDATE_MARGIN", margin)
     if chunk is not None:
         monkeypatch.setattr(processing, "_CHUNK_ELEMENTS", chunk)
     route = CandidateCounter(monkeypatch)
     RowCounter(monkeypatch)
-    num_rows, fallback = check_candidates_route(vocab_size, dtype, seed=2)
+    num_rows, fallback = check_candidates_route(vocab_size, torch.float64, seed=2)
     assert route.calls == 1
     if margin < 0 and vocab_size > 2:
         assert 0 < fallback < num_rows  # both the candidates and the full sort decide rows
 
 
-def test_validate_false_keeps_the_partial_sort_on_the_cpu_only(monkeypatch):
-    """On the CPU ``validate=False`` still takes the candidates (host reads are free there); the
-    accelerator route (no host read) takes the full sort; both keep the same tokens."""
-    route = CandidateCounter(monkeypatch)
-    x = torch.tensor(np.random.default_rng(3).normal(size=(6, 500)) * 3, dtype=torch.float32)
+@pytest.mark.parametrize("chunk", [None, 64, 300])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("vocab_size", [1, 2, 7, 40, 300])
+def test_top_p_alone_by_radix_select_keeps_the_sorted_tokens(chunk, dtype, vocab_size, monkeypatch):
+    """Below float64, top-p alone is the radix select: the full sort's tokens bit for bit on the
+    fuzzed grid (ties cut at the last kept value, flat rows, dyadic masses, per-row top_p, top-p
+    off on some rows), the full sort never called. ``chunk``: many row chunks, one row each."""
+    if chunk is not None:
+        monkeypatch.setattr(processing, "_NUCLEUS_CHUNK_ELEMENTS", chunk)
+        monkeypatch.setattr(processing, "_CHUNK_ELEMENTS", chunk)
+    route = NucleusCounter(monkeypatch)
+    RowCounter(monkeypatch)
+    _, rows_sorted = check_candidates_route(vocab_size, dtype, seed=2)
+    assert route.calls == 1
+    assert rows_sorted == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_validate_false_keeps_the_partial_sort_on_the_cpu_only(dtype, monkeypatch):
+    """On the CPU ``validate=False`` still takes the candidates (float64) or the radix select
+    (below float64): host reads are free there; the accelerator route (no host read) takes the
+    full sort; both keep the same tokens."""
+    route = CandidateCounter(monkeypatch) if dtype == torch.float64 else NucleusCounter(monkeypatch)
+    x = torch.tensor(np.random.default_rng(3).normal(size=(6, 500)) * 3, dtype=dtype)
     fast = process(x, 1.0, None, 0.9, validate=False)
     assert route.calls == 1
     monkeypatch.setattr(processing, "_reads_are_free", lambda device: False)
     assert torch.equal(process(x, 1.0, None, 0.9, validate=False), fast)
     assert route.calls == 1
+
+
+def integer_nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:
+    """The documented float32 top-p rule, spelled out independently with Python integers: stable
+    ranking, masses floor(p 2**s) with s = 62 - bit_length(V), a rank kept while its mass-before
+    is below ceil(top_p * T) (the product in float64)."""
+    vocab_size = len(probs)
+    shift = 62 - vocab_size.bit_length()
+    units = [math.floor(float(p) * 2**shift) for p in probs]  # float32 -> exact float64
+    threshold = math.ceil(top_p * float(sum(units)))
+    order = sorted(range(vocab_size), key=lambda i: (-float(probs[i]), i))
+    keep = np.zeros(vocab_size, dtype=bool)
+    before = 0
+    for token in order:
+        if before >= threshold:
+            break
+        keep[token] = True
+        before += units[token]
+    return keep
+
+
+@pytest.mark.parametrize("vocab_size", [7, 300, 5000])
+def test_float32_top_p_keeps_the_integer_mass_nucleus(vocab_size):
+    """Below float64 a token is kept by its integer mass-before (order-independent sums): the
+    kept sets of the radix select, of the partial sort (top-k on) and of the full sort equal an
+    independent implementation of the rule, on rows with ties and thresholds hit exactly."""
+    rng = np.random.default_rng(vocab_size)
+    ids = np.arange(vocab_size)
+    rows = np.stack(
+        [
+            rng.normal(size=vocab_size) * 3,
+            rng.integers(0, 3, vocab_size).astype(np.float64),  # ties at every boundary
+            np.log(np.maximum(0.5 ** (ids + 1.0), 1e-30)),  # dyadic: 0.5 hit exactly
+            np.zeros(vocab_size),  # flat
+        ]
+    )
+    x = torch.tensor(rows, dtype=torch.float32)
+    for top_p in [0.5, 0.9, 0.3, 1e-9]:
+        probs = torch.softmax(x, -1).numpy()
+        expected = np.stack([integer_nucleus(row, top_p) for row in probs])
+        for top_k in [None, vocab_size + 1, [None, vocab_size, 10**9, None]]:
+            got = process(x, 1.0, top_k, top_p) > 0
+            assert np.array_equal(got.numpy(), expected), (top_p, top_k)
+        assert np.array_equal(full_sort(x, 1.0, None, top_p).numpy() > 0, expected)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -293,9 +367,9 @@ def test_candidates_route_on_empty_batches_and_one_token(shape, dtype):
     assert values.shape[0] == 0 and valid.shape == (0,)
 
 
-def test_float32_at_large_vocabularies_by_candidates(monkeypatch):
+def test_float32_at_large_vocabularies_by_radix_select(monkeypatch):
     """V = 32,000 and 151,936 with nuclei of thousands of tokens, tied masses and flat rows:
-    the candidates decide (almost) every row, equal to the full sort bit for bit."""
+    the radix select decides every row, equal to the full sort bit for bit."""
     fallback = RowCounter(monkeypatch)
     fast_rows = 0
     rng = np.random.default_rng(7)
@@ -312,46 +386,68 @@ def test_float32_at_large_vocabularies_by_candidates(monkeypatch):
             fast = process(x, 1.0, None, top_p)
             fast_rows += fallback.rows - before
             assert torch.equal(fast, full_sort(x, 1.0, None, top_p))
-    assert fast_rows <= 2
+    assert fast_rows == 0
 
 
 # ----------------------------------------------------------------------------------------------
 # Mutants of the threshold: one token too many must be caught
 
 
-def less_or_equal_mutant():
-    """``_top_p_prefix`` with ``mass_before <= threshold`` as "kept" (a tie on it kept)."""
-    source = textwrap.dedent(inspect.getsource(processing._top_p_prefix))
-    mutated = source.replace("sure_in = mass_before < low", "sure_in = mass_before <= low")
-    assert mutated != source
+def mutated(function, *replacements):
+    """``function`` recompiled with its source edited by ``(old, new)`` pairs (each must apply)."""
+    source = textwrap.dedent(inspect.getsource(function))
+    for old, new in replacements:
+        assert old in source, old
+        source = source.replace(old, new)
     namespace = dict(vars(processing))
-    exec(compile(mutated, "<mutant>", "exec"), namespace)
-    return namespace["_top_p_prefix"]
+    exec(compile(source, "<mutant>", "exec"), namespace)
+    return namespace[function.__name__]
+
+
+def less_or_equal_mutant():
+    """The partial sort and the radix select with ``mass_before <= threshold`` as "kept" (a tie
+    on the threshold kept)."""
+    prefix = mutated(
+        processing._top_p_prefix,
+        ("sure_in = mass_before < low", "sure_in = mass_before <= low"),
+        ("sure_in = mass_before < threshold", "sure_in = mass_before <= threshold"),
+    )
+    nucleus = mutated(
+        processing._keep_nucleus, ("(mass_before < torch.cat", "(mass_before <= torch.cat")
+    )
+    return prefix, nucleus
 
 
 def one_more_mutant():
-    """``_top_p_prefix`` keeping the first dropped rank too (``r + 1`` tokens)."""
+    """The partial sort and the radix select keeping the first dropped rank too (``r + 1``)."""
     original = processing._top_p_prefix
 
-    def mutant(probs, counts, masses, values, valid):
+    def prefix(probs, counts, masses, values, valid):
         last_value, num_kept, decided, partial = original(probs, counts, masses, values, valid)
         more = torch.minimum(num_kept + 1, valid.clamp(min=1))
         last_value = torch.where(last_value < 0, last_value, values.gather(-1, more[:, None] - 1))
         return last_value, more, decided, torch.ones_like(partial)
 
-    return mutant
+    nucleus = mutated(
+        processing._keep_nucleus,
+        ("[:, None])).sum(-1)  # [R]", "[:, None])).sum(-1)\n    num_kept += num_kept < valid"),
+    )
+    return prefix, nucleus
 
 
 @pytest.mark.parametrize("make_mutant", [less_or_equal_mutant, one_more_mutant])
 def test_threshold_mutants_are_caught(make_mutant, monkeypatch):
-    monkeypatch.setattr(processing, "_top_p_prefix", make_mutant())
+    prefix, nucleus = make_mutant()
+    monkeypatch.setattr(processing, "_top_p_prefix", prefix)
+    monkeypatch.setattr(processing, "_keep_nucleus", nucleus)
     monkeypatch.setattr(processing, "_prefix_size", lambda vocab_size: min(16, vocab_size))
     with pytest.raises(AssertionError):
         check_float64_against_reference(40, seed=0)
     with pytest.raises(AssertionError):
         test_fast_path_equals_the_full_sort_bit_for_bit(16, torch.float32, 40)
-    # Top-p alone (the radix candidates' route). In float64 with top-k off a mass-before within
-    # a band around the threshold goes to the full sort, so "<=" differs from "<" only in float32.
+    # Top-p alone (float64: the radix candidates; float32: the radix select). In float64 with
+    # top-k off a mass-before within a band around the threshold goes to the full sort, so "<="
+    # differs from "<" only in float32.
     dtypes = [torch.float32] + [torch.float64] * (make_mutant is one_more_mutant)
     for dtype in dtypes:
         with pytest.raises(AssertionError):
