@@ -243,10 +243,11 @@ class StandardChain:
             return residual_weights(target, None, token)
         draft_row = tables.draft_index.gather(1, lane[:, None]).squeeze(-1)  # [B]
         draft = tables.draft_flat.index_select(0, draft_row)  # [B, V] (faster than [draft_row])
-        draft = draft.to(tables.dtype)
+        draft = draft.to(tables.dtype)  # our own copy: worked on in place from here
         if tables.draft_mass is not None:
-            draft = draft / tables.draft_mass.index_select(0, draft_row)[:, None]  # [B, V]
-        return residual_weights(target, draft, token)
+            draft.div_(tables.draft_mass.index_select(0, draft_row)[:, None])  # [B, V]
+        weights = torch.sub(target, draft, out=draft).clamp_min_(0)  # [B, V], no new buffer
+        return weights, weights.sum(-1, keepdim=True)  # [B, V], [B, 1]
 
     def draw(
         self,
@@ -368,12 +369,60 @@ class GreedyChain(StandardChain):
 
     hot_path: ClassVar[tuple[str, ...]] = (
         "covering_lanes",
+        "nss_draws",
         "greedy_tests",
         "nss_stop",
         "tests",
         "stop_round",
         "pack",
     )
+
+    def lanes(
+        self, tables: ChainTables, noise: Noise
+    ) -> tuple[ChainTables, torch.Tensor, torch.Tensor]:
+        """``(tables reading q', covers [B, γ], drawn [B, γ])``: :meth:`covering_lanes` and
+        :meth:`nss_draws` (sync-free), or on the CPU outside ``torch.compile``, where host reads
+        are free, :meth:`sparse_lanes` (the same values wherever they are read)."""
+        if tables.target_flat.device.type == "cpu" and not torch.compiler.is_compiling():
+            return self.sparse_lanes(tables, noise)
+        own, covers = self.covering_lanes(tables)
+        return own, covers, self.nss_draws(own, noise)
+
+    def sparse_lanes(
+        self, tables: ChainTables, noise: Noise
+    ) -> tuple[ChainTables, torch.Tensor, torch.Tensor]:
+        r""":meth:`lanes` reading only the lanes that can cover :math:`\mathrm{supp}\,q`.
+
+        A row whose other entries are all 0 sums to exactly its drafted entry, in any order of
+        addition, so a lane whose mass differs from :math:`q(x)` has mass off :math:`x` and does
+        not cover: only the others (none, for drafts sampled from a softmax) are tested by
+        :func:`~specsampling.gpu.ops.max_off_token` and get their NSS draw, on their rows alone.
+        ``drawn`` is ``-1`` on every other lane (read only where a lane covers)."""
+        batch_size, gamma = tables.draft_tokens.shape
+        draft = tables.draft_flat  # [B γ, V], lane order
+        tokens = tables.draft_tokens.reshape(-1)  # [B γ]
+        mass = ops.numpy_sum(draft.to(tables.dtype))  # [B γ], as covering_lanes
+        drafted = draft.gather(1, tokens[:, None])[:, 0].to(tables.dtype)  # [B γ]
+        lanes = (drafted == mass).nonzero()[:, 0]  # [N]: the lanes that may cover (host read)
+        covers = torch.zeros(batch_size * gamma, dtype=torch.bool, device=draft.device)
+        drawn = torch.full_like(tokens, -1)  # [B γ]
+        if len(lanes):
+            others = ops.max_off_token(draft.index_select(0, lanes), tokens[lanes])  # [N]
+            covers[lanes] = ~(others > 0)
+            rows = lanes + lanes // gamma  # [N]: lane i of row b is target row b (γ + 1) + i
+            target = tables.target_flat.index_select(0, rows).to(tables.dtype)  # [N, V]
+            sample = noise.sample[:, :gamma].reshape(-1)[lanes]  # [N]
+            drawn[lanes] = draw_rows(target, sample)
+        own = tables._replace(draft_mass=mass)
+        return own, covers.view(batch_size, gamma), drawn.view(batch_size, gamma)
+
+    def nss_draws(self, tables: ChainTables, noise: Noise) -> torch.Tensor:
+        """``y [B, γ]``: the target's own draw (with each node's sample uniform) at every draft
+        lane, from every target row at once."""
+        batch_size, gamma = tables.draft_tokens.shape
+        target = tables.target_flat.to(tables.dtype)  # [B (γ + 1), V], lane order
+        drawn = draw_rows(target, noise.sample.reshape(-1)).view(batch_size, gamma + 1)
+        return drawn[:, :gamma]  # [B, γ]
 
     def covering_lanes(self, tables: ChainTables) -> tuple[ChainTables, torch.Tensor]:
         """``(tables reading q', covers [B, γ])`` of padded tables (:func:`padded_tables`):
@@ -417,11 +466,7 @@ class GreedyChain(StandardChain):
         self, tables: ChainTables, noise: Noise, rounds: int | None = None
     ) -> tuple[Verified, torch.Tensor]:
         """As :meth:`StandardChain.run`, with NSS's rule on covering lanes."""
-        batch_size, gamma = tables.draft_tokens.shape
-        own, covers = self.covering_lanes(tables)
-        target = tables.target_flat.to(tables.dtype)  # [B (γ + 1), V], lane order
-        drawn = draw_rows(target, noise.sample.reshape(-1)).view(batch_size, gamma + 1)
-        drawn = drawn[:, :gamma]  # [B, γ]: y ~ p at every draft lane
+        own, covers, drawn = self.lanes(tables, noise)  # drawn: y ~ p where a lane covers
         accepted = self.greedy_tests(own, covers, drawn, noise.accept[:, 1:])  # [B, γ]
         settle = functools.partial(self.nss_stop, own, covers, drawn)
         return self.resolve(own, accepted, noise.sample, rounds, settle)

@@ -449,6 +449,63 @@ def test_greedy_chain_mutant_without_the_covering_rule_is_caught(monkeypatch) ->
     assert any(mismatches("greedy", covering_rounds(seed), False) for seed in range(4))
 
 
+def dense_lanes(tables: Any, noise: Any) -> Any:
+    """Greedy's sync-free lane route (accelerators, torch.compile): every lane tested and drawn."""
+    own, covers = C.GREEDY_CHAIN.covering_lanes(tables)
+    return own, covers, C.GREEDY_CHAIN.nss_draws(own, noise)
+
+
+def test_greedy_sync_free_lane_route_is_pathwise_too(monkeypatch) -> None:
+    """The route off the CPU (every lane's covering test and NSS draw) gives the reference's
+    verdicts on the covering rounds, as the CPU's sparse route does."""
+    monkeypatch.setattr(C.GREEDY_CHAIN, "lanes", dense_lanes)
+    for seed in range(4):
+        assert mismatches("greedy", covering_rounds(seed), False) == [], seed
+
+
+def test_greedy_sparse_lanes_read_only_lanes_that_can_cover(monkeypatch) -> None:
+    """64 chains of 8 with softmax draft rows, a few lanes one-hot: the CPU route tests and draws
+    only the lanes whose mass equals their drafted entry (the one-hot ones), and its tokens equal
+    the sync-free route's, in float32 and float64; a route that never covers is caught."""
+    g = torch.Generator().manual_seed(5)
+    batch, gamma, vocab = 64, 8, 300
+    logits = torch.randn(batch, gamma + 1, vocab, generator=g, dtype=torch.float64)
+    target = torch.softmax(logits, -1)
+    draft = torch.softmax(logits[:, :gamma] * 0.8, -1)
+    tokens = torch.multinomial(draft.reshape(-1, vocab), 1, generator=g).view(batch, gamma)
+    hot = torch.rand(batch, gamma, generator=g) < 0.1  # about 51 one-hot lanes
+    one_hot = torch.nn.functional.one_hot(tokens, vocab).to(draft.dtype)
+    draft = torch.where(hot[..., None], one_hot, draft)
+    noise = ssg.Noise(*torch.rand(2, batch, gamma + 1, generator=g, dtype=torch.float64))
+    tested = []
+    original = ssg.ops.max_off_token
+
+    def counted(rows: Any, token: Any) -> Any:
+        tested.append(len(rows))
+        return original(rows, token)
+
+    monkeypatch.setattr(ssg.ops, "max_off_token", counted)
+    for dtype in (torch.float64, torch.float32):
+        sparse = ssg.verify_chain("greedy", tokens, target.to(dtype), draft.to(dtype), noise)
+        assert tested[-1] == int(hot.sum())
+        with monkeypatch.context() as patched:
+            patched.setattr(C.GREEDY_CHAIN, "lanes", dense_lanes)
+            dense = ssg.verify_chain("greedy", tokens, target.to(dtype), draft.to(dtype), noise)
+        assert torch.equal(sparse.tokens, dense.tokens)
+    never = C.GreedyChain()
+    monkeypatch.setattr(
+        never,
+        "lanes",
+        lambda tables, noise: (
+            tables._replace(draft_mass=ssg.ops.numpy_sum(tables.draft_flat)),
+            torch.zeros_like(tables.draft_tokens, dtype=torch.bool),
+            torch.full_like(tables.draft_tokens, -1),
+        ),
+    )
+    monkeypatch.setattr(C, "GREEDY_CHAIN", never)
+    assert any(mismatches("greedy", covering_rounds(seed), False) for seed in range(4))
+
+
 class EqualRows:
     """A pair with ``p <= q`` at some prefixes (``q`` a Dirichlet row, ``p`` the same with
     ``2^-40`` taken off one entry: ``S = 0`` there, so block accepts a node with ``w = 1`` and
