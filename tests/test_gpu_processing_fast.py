@@ -575,3 +575,26 @@ def test_float32_top_k_count_mutant_is_caught(monkeypatch):
     monkeypatch.setattr(processing._Parameter, "parse", staticmethod(one_more))
     with pytest.raises(AssertionError):
         test_float32_top_k_alone_keeps_the_reference_tokens(40)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_unchecked_plain_softmax_equals_the_general_route(dtype, monkeypatch):
+    """``validate=False`` at temperature 1 with top-k and top-p off skips the parameters' parsing:
+    float32 values bit for bit those of the checked call; anything else takes the general route."""
+    x = torch.randn(3, 4, 300, generator=torch.Generator().manual_seed(0)).to(dtype)
+    for temperature in (1, 1.0):
+        fast = process(x, temperature, validate=False)
+        assert fast.dtype == torch.float32 and torch.equal(fast, process(x, temperature))
+    general = []
+    original = processing._Parameter.parse
+    monkeypatch.setattr(
+        processing._Parameter,
+        "parse",
+        classmethod(lambda cls, *args: general.append(args[1]) or original(*args)),
+    )
+    process(x, validate=False)
+    assert general == []
+    for kwargs in ({"temperature": 0.5}, {"top_k": 5}, {"top_p": 0.9}, {"temperature": [1.0] * 3}):
+        process(x[:, 0], validate=False, **kwargs)
+    process(x.double(), validate=False)
+    assert len(general) == 5 * 3
