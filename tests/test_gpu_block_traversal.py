@@ -324,6 +324,26 @@ class EveryRowEveryRound(Traversal):
         return rows
 
 
+class SyncFreeTraversal(EveryRowEveryRound):
+    """Traversal wholly as off the CPU: every row every round, every row descends
+    ``max_depth`` levels, the parents' rows gathered and selected."""
+
+    def enter(self, batch: Any, state: Any, start: Any, entering: Any, rows: Any) -> Any:
+        return self.descend(
+            batch,
+            state.links,
+            start,
+            entering,
+            state.weights,
+            state.edge_target,
+            state.edge_draft,
+            rows,
+        )
+
+    def current_rows(self, *args: Any) -> Any:
+        return self.selected_rows(*args)
+
+
 class CountingTraversal(Traversal):
     """Traversal counting the rows of every rejection round."""
 
@@ -341,6 +361,7 @@ def test_traversal_rounds_run_on_the_rows_still_rejecting_only() -> None:
     fewer row-rounds."""
     rounds = [r for seed, pair in enumerate(pairs()) for r in mixed_rounds("traversal", pair, seed)]
     assert mismatches(EveryRowEveryRound(), rounds) == []
+    assert mismatches(SyncFreeTraversal(), rounds) == []
     counting = CountingTraversal()
     assert mismatches(counting, rounds) == []
     batch = ssg.TreeBatch.from_trees([r[0] for r in rounds])

@@ -97,6 +97,7 @@ class Traversal(TreeLowering):
         "descend",
         "reject",
         "reject_round",
+        "selected_rows",
         "finish",
         "emitted_tokens",
     )
@@ -165,6 +166,90 @@ class Traversal(TreeLowering):
             weights[rows, safe] = torch.where(going, entered, weights[rows, safe])
             node = torch.where(going, safe, node)
         return node
+
+    def enter(
+        self,
+        batch: TreeBatch,
+        state: WalkState,
+        start: torch.Tensor,  # [L]
+        entering: torch.Tensor,  # [L] bool
+        rows: torch.Tensor,  # [L]
+    ) -> torch.Tensor:
+        """:meth:`descend` from ``start`` for the rows ``entering`` a sibling's subtree, ``[L]``
+        (``start`` elsewhere, never read there). On the CPU outside ``torch.compile`` (host
+        reads are free) only those rows, and only while one still has a child
+        (:meth:`sparse_descend`); elsewhere every row, ``max_depth`` levels, sync-free."""
+        if rows.device.type != "cpu" or torch.compiler.is_compiling():
+            return self.descend(
+                batch,
+                state.links,
+                start,
+                entering,
+                state.weights,
+                state.edge_target,
+                state.edge_draft,
+                rows,
+            )
+        picked = entering.nonzero()[:, 0]  # [M]
+        if picked.shape[0] == 0:
+            return start
+        below = self.sparse_descend(state, start[picked], rows[picked])  # [M]
+        return start.index_put((picked,), below)
+
+    def current_rows(
+        self,
+        tables: tuple[torch.Tensor, torch.Tensor],  # [R, V] table, [L] rows of it
+        states: tuple[torch.Tensor, torch.Tensor],  # [R', V] updated rows, [L] rows of it
+        updated: torch.Tensor,  # [L] bool
+        out: torch.Tensor,  # [L, V], written
+        scratch: torch.Tensor,  # [L, V]
+    ) -> torch.Tensor:
+        """``out[l]`` = the state row where ``updated[l]``, else the table row. On the CPU outside
+        ``torch.compile`` (host reads are free) the table rows, then the updated rows copied over
+        them; elsewhere :meth:`selected_rows`, sync-free (the same values)."""
+        if out.device.type != "cpu" or torch.compiler.is_compiling():
+            return self.selected_rows(tables, states, updated, out, scratch)
+        torch.index_select(tables[0], 0, tables[1], out=out)
+        picked = updated.nonzero()[:, 0]  # the host read
+        if picked.shape[0] > 0:
+            out[picked] = states[0].index_select(0, states[1][picked])
+        return out
+
+    def selected_rows(
+        self,
+        tables: tuple[torch.Tensor, torch.Tensor],
+        states: tuple[torch.Tensor, torch.Tensor],
+        updated: torch.Tensor,
+        out: torch.Tensor,
+        scratch: torch.Tensor,
+    ) -> torch.Tensor:
+        """:meth:`current_rows` sync-free: both rows gathered, one select."""
+        torch.index_select(tables[0], 0, tables[1], out=out)
+        torch.index_select(states[0], 0, states[1], out=scratch)
+        return torch.where(updated[:, None], scratch, out, out=out)
+
+    def sparse_descend(
+        self, state: WalkState, start: torch.Tensor, rows: torch.Tensor
+    ) -> torch.Tensor:
+        """:meth:`descend` on the CPU for rows that all enter ``start [M]``: each level only the
+        rows whose node has a child, and no level after the last such row (host reads); the
+        entered weights are :meth:`child_weight`'s, as the dense descent writes them."""
+        leaf = start.clone()  # [M]
+        index = torch.arange(start.shape[0], device=start.device)  # [M]: positions still going
+        node = start
+        while True:
+            child = state.links.first_child[rows, node]  # [m]
+            going = (child != PAD).nonzero()[:, 0]  # the host read
+            if going.shape[0] == 0:
+                return leaf
+            rows, node, child, index = rows[going], node[going], child[going], index[going]
+            state.weights[rows, child] = self.child_weight(
+                state.weights[rows, node],
+                state.edge_target[rows, child],
+                state.edge_draft[rows, child],
+            )
+            leaf[index] = child
+            node = child
 
     def reject(
         self,
@@ -258,11 +343,13 @@ class Traversal(TreeLowering):
         # Updated P (after a residual with mass) and Q (after any rejection) of each node.
         updated_target = torch.zeros((batch_size, num_nodes), dtype=torch.bool, device=device)
         slots = max(batch.max_depth, 1)  # slot `slots` is scratch: rows that write nothing
-        state_target = target_probs.new_zeros((batch_size, slots + 1, vocab))  # [B, D + 1, V]
+        # never read before written: a slot's row is selected only once its `updated` flag is
+        # set (the `where`s read it unselected), so no zero fill (16 MB at B = 32, V = 32k)
+        state_target = target_probs.new_empty((batch_size, slots + 1, vocab))  # [B, D + 1, V]
         going = torch.ones(batch_size, dtype=torch.bool, device=device)  # [B]
         start = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B]
         leaf = self.descend(batch, links, start, going, weights, edge_target, edge_draft, rows)
-        state_draft = torch.zeros_like(state_target)  # [B, D + 1, V]
+        state_draft = torch.empty_like(state_target)  # [B, D + 1, V], as state_target
         return WalkState(
             links=links,
             node_tokens=node_tokens,
@@ -293,7 +380,7 @@ class Traversal(TreeLowering):
         parents, node_tokens, links = state.parents, state.node_tokens, state.links
         state_target, state_draft = state.state_target, state.state_draft
         updated_target, updated_draft = state.updated_target, state.updated_draft
-        target, draft, leftover, table_row, state_row = (b[:count] for b in state.buffers)
+        target, draft, leftover, _, state_row = (b[:count] for b in state.buffers)
         leaf = state.leaf[rows]  # [L]
         accepted = (leaf == 0) | self.accepts(noise.accept[rows, leaf], weights[rows, leaf])
         rejected = ~accepted  # [L]
@@ -304,9 +391,13 @@ class Traversal(TreeLowering):
             (state.tables[0], state.flat_state[0], updated_target, target),
             (state.tables[1], state.flat_state[1], updated_draft, draft),
         ):
-            torch.index_select(table, 0, rows * num_nodes + parent, out=table_row)
-            torch.index_select(flat, 0, rows * (slots + 1) + slot, out=state_row)
-            torch.where(updated[rows, parent][:, None], state_row, table_row, out=out)
+            self.current_rows(
+                (table, rows * num_nodes + parent),
+                (flat, rows * (slots + 1) + slot),
+                updated[rows, parent],
+                out,
+                state_row,
+            )
         new_weight, has_mass = self.reject(
             weights[rows, parent], target, draft, node_tokens[rows, leaf], leftover
         )  # [L], [L, 1]; leftover and draft now hold the new rows
@@ -328,9 +419,7 @@ class Traversal(TreeLowering):
             new_weight, sibling_target, draft.gather(1, sibling_tokens).squeeze(-1)
         )  # [L]
         weights[rows, safe] = torch.where(entering, entered, weights[rows, safe])
-        below = self.descend(
-            batch, links, safe, entering, weights, state.edge_target, state.edge_draft, rows
-        )  # [L]
+        below = self.enter(batch, state, safe, entering, rows)  # [L]
         moved = torch.where(entering, below, parent)  # [L]
         state.leaf[rows] = torch.where(rejected, moved, leaf)
         return rejected
