@@ -328,17 +328,8 @@ class SyncFreeTraversal(EveryRowEveryRound):
     """Traversal wholly as off the CPU: every row every round, every row descends
     ``max_depth`` levels, the parents' rows gathered and selected."""
 
-    def enter(self, batch: Any, state: Any, start: Any, entering: Any, rows: Any) -> Any:
-        return self.descend(
-            batch,
-            state.links,
-            start,
-            entering,
-            state.weights,
-            state.edge_target,
-            state.edge_draft,
-            rows,
-        )
+    def enter(self, *args: Any) -> Any:
+        return self.dense_enter(*args)
 
     def current_rows(self, *args: Any) -> Any:
         return self.selected_rows(*args)

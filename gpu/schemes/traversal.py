@@ -97,6 +97,7 @@ class Traversal(TreeLowering):
         "descend",
         "reject",
         "reject_round",
+        "dense_enter",
         "selected_rows",
         "finish",
         "emitted_tokens",
@@ -180,16 +181,7 @@ class Traversal(TreeLowering):
         reads are free) only those rows, and only while one still has a child
         (:meth:`sparse_descend`); elsewhere every row, ``max_depth`` levels, sync-free."""
         if rows.device.type != "cpu" or torch.compiler.is_compiling():
-            return self.descend(
-                batch,
-                state.links,
-                start,
-                entering,
-                state.weights,
-                state.edge_target,
-                state.edge_draft,
-                rows,
-            )
+            return self.dense_enter(batch, state, start, entering, rows)
         picked = entering.nonzero()[:, 0]  # [M]
         if picked.shape[0] == 0:
             return start
@@ -227,6 +219,20 @@ class Traversal(TreeLowering):
         torch.index_select(tables[0], 0, tables[1], out=out)
         torch.index_select(states[0], 0, states[1], out=scratch)
         return torch.where(updated[:, None], scratch, out, out=out)
+
+    def dense_enter(
+        self,
+        batch: TreeBatch,
+        state: WalkState,
+        start: torch.Tensor,  # [L]
+        entering: torch.Tensor,  # [L] bool
+        rows: torch.Tensor,  # [L]
+    ) -> torch.Tensor:
+        """:meth:`enter` sync-free: every row, ``max_depth`` levels (:meth:`descend`)."""
+        weights, edge_target, edge_draft = state.weights, state.edge_target, state.edge_draft
+        return self.descend(
+            batch, state.links, start, entering, weights, edge_target, edge_draft, rows
+        )
 
     def sparse_descend(
         self, state: WalkState, start: torch.Tensor, rows: torch.Tensor
