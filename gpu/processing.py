@@ -132,18 +132,22 @@ def process(
     validate : bool, default True
         Check the values of tensor inputs (NaN / +inf logits, all ``-inf`` rows, per-row tensor
         parameters), raising the reference's errors. This costs one host synchronisation, and
-        with top-k or top-p on one more (top-p alone: two), which lets top-k / top-p run on a
-        partial sort (rows it cannot decide go to the full sort). With ``validate=False`` the
-        call never synchronises with a device (for decoding loops whose inputs are known to be
-        valid; invalid values then give NaN rows): on an accelerator top-p then takes the full
-        sort (the same tokens, slower); on the CPU, where host reads cost no synchronisation,
-        it keeps the partial sort.
+        with top-k or top-p on one or two more, which let top-p alone below float64 run on a
+        radix select and top-k / top-p on a partial sort (rows it cannot decide go to the full
+        sort). With ``validate=False`` the call never synchronises with a device (for decoding
+        loops whose inputs are known to be valid; invalid values then give NaN rows): on an
+        accelerator top-p then takes the full sort (the same tokens, slower); on the CPU, where
+        host reads cost no synchronisation, it keeps the faster routes.
         Python scalars and sequences are always checked, on the host, at no device cost.
 
     Returns
     -------
     torch.Tensor, shape (..., vocab_size)
         Float64 for float64 (or integer) logits, float32 for float32 / float16 / bfloat16 logits.
+        Float64 keeps the reference's tokens; below float64 top-p counts masses in integer
+        units of ``2 ** -(62 - bit_length(V))`` (the module docstring's dtype rule), so every
+        route and device keeps the same tokens, which differ from float64's only where a
+        cumulative mass lies within float32 rounding of the threshold.
 
     Raises
     ------
