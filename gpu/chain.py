@@ -173,7 +173,8 @@ def padded_tables(
 def residual_weights(target: torch.Tensor, draft: torch.Tensor | None, token: torch.Tensor):
     r"""``((p - q)_+ [B, V], mass [B, 1])`` -- for a point-mass draft (``draft=None``) the
     target with the rejected ``token [B]`` removed (:math:`p(x) < 1` on a rejection), the same
-    values :func:`specsampling.gpu.ops.residual` computes against a one-hot draft.
+    values :func:`specsampling.gpu.ops.residual` computes against a one-hot draft. A ``draft``
+    given is overwritten with the weights (pass rows of your own: no new ``[B, V]`` buffer).
 
     >>> weights, mass = residual_weights(torch.tensor([[0.5, 0.25, 0.25]]), None,
     ...                                  torch.tensor([0]))
@@ -183,7 +184,7 @@ def residual_weights(target: torch.Tensor, draft: torch.Tensor | None, token: to
     if draft is None:
         weights = target.scatter(-1, token[:, None], 0.0)  # [B, V]
     else:
-        weights = (target - draft).clamp_min_(0)  # [B, V]
+        weights = torch.sub(target, draft, out=draft).clamp_min_(0)  # [B, V], in `draft`
     return weights, weights.sum(-1, keepdim=True)  # [B, V], [B, 1]
 
 
@@ -246,8 +247,7 @@ class StandardChain:
         draft = draft.to(tables.dtype)  # our own copy: worked on in place from here
         if tables.draft_mass is not None:
             draft.div_(tables.draft_mass.index_select(0, draft_row)[:, None])  # [B, V]
-        weights = torch.sub(target, draft, out=draft).clamp_min_(0)  # [B, V], no new buffer
-        return weights, weights.sum(-1, keepdim=True)  # [B, V], [B, 1]
+        return residual_weights(target, draft, token)
 
     def draw(
         self,

@@ -469,7 +469,7 @@ _CANDIDATE_MARGIN = 1e-3
 #: fresh pages (a fresh [576, 32,000] buffer costs about twice the softmax that fills it).
 _CHUNK_ELEMENTS = 2**20
 
-#: Elements per row chunk of :func:`_keep_nucleus` on the CPU: its three ``int64``/``float32``
+#: Elements per row chunk of :func:`_keep_nucleus` and :func:`_zero_dropped` on the CPU: their
 #: work buffers are faulted in afresh on every call, so smaller chunks cost less there (measured
 #: at 2**16 to 2**20 on 9 x 151,936 and 576 x 32,000 rows).
 _NUCLEUS_CHUNK_ELEMENTS = 2**18
@@ -642,20 +642,22 @@ def _top_p_prefix(
     ``(last_value [R, 1], num_kept [R], decided [R], partial [R])``.
 
     Those first values are exact (their order among equal values is unspecified, but equal values
-    are interchangeable in a cumulative sum), so the sequential cumulative masses of those ranks,
-    in the same dtype, are bit for bit the first ``valid`` of :func:`_keep_sorted`'s. A row is
-    **decided** when its kept ranks are settled by them alone:
+    are interchangeable in a cumulative sum), so the cumulative masses of those ranks are the
+    first ``valid`` of :func:`_keep_sorted`'s: in float64 bit for bit in the same sequential
+    order, below float64 exactly (integer :func:`_fixed` masses). A row is **decided** when its
+    kept ranks are settled by them alone:
 
-    * the threshold ``top_p * p(K)`` is known: exactly where :func:`_kept_total` can be formed
-      from the prefix (below float64 whenever ``k <= valid`` or ``k >= V``; in float64 when
+    * the threshold ``top_p * p(K)`` is known: below float64 whenever ``k <= valid`` (``p(K)``
+      the prefix's integer sum) or ``k >= V`` (the row's, :func:`_fixed_sums`); in float64 when
       ``k <= valid``, from the kept prefix padded with zeros, which is the reference's own ranked
-      kept row), otherwise (float64, ``k >= V``) within a rigorous band around ``top_p`` times
-      the token-order pairwise sum: both sums err by at most ``h u`` relative, ``h <= 25 +
-      log2 V`` the height of numpy's summation tree, and a rank whose mass-before falls inside
-      the band leaves the row undecided;
+      kept row, otherwise (``k >= V``) within a rigorous band around ``top_p`` times the
+      token-order pairwise sum: both sums err by at most ``h u`` relative, ``h <= 25 + log2 V``
+      the height of numpy's summation tree, and a rank whose mass-before falls inside the band
+      leaves the row undecided;
     * every rank at or past ``valid`` is dropped: ``k <= valid``, or the prefix's last cumulative
-      mass clears the threshold by a few ulps (sequential sums of non-negative numbers never
-      decrease, so every later mass-before is at least that, less one rounding);
+      mass reaches the threshold (below float64 exactly; in float64 clearing it by a few ulps:
+      sequential sums of non-negative numbers never decrease, so every later mass-before is at
+      least that, less one rounding);
     * the kept ranks form a prefix ``0 .. r - 1`` (checked, not assumed).
 
     Then top-p is top-k with ``k = r``: every token above the ``r``-th value ``v`` and, of those

@@ -63,7 +63,7 @@ class WalkState(NamedTuple):
     state_draft: torch.Tensor  # [B, D + 1, V]
     flat_state: tuple[torch.Tensor, torch.Tensor]  # views of the two above, [B (D + 1), V]
     tables: tuple[torch.Tensor, torch.Tensor]  # target and draft tables, [B N, V]
-    buffers: tuple[torch.Tensor, ...]  # five [B, V] row buffers
+    buffers: tuple[torch.Tensor, ...]  # four [B, V] row buffers
     leaf: torch.Tensor  # [B]
 
 
@@ -370,7 +370,7 @@ class Traversal(TreeLowering):
             state_draft=state_draft,
             flat_state=(state_target.view(-1, vocab), state_draft.view(-1, vocab)),
             tables=(target_probs.reshape(-1, vocab), draft_probs.reshape(-1, vocab)),
-            buffers=tuple(target_probs.new_empty((batch_size, vocab)) for _ in range(5)),
+            buffers=tuple(target_probs.new_empty((batch_size, vocab)) for _ in range(4)),
             leaf=leaf,
         )
 
@@ -386,7 +386,7 @@ class Traversal(TreeLowering):
         parents, node_tokens, links = state.parents, state.node_tokens, state.links
         state_target, state_draft = state.state_target, state.state_draft
         updated_target, updated_draft = state.updated_target, state.updated_draft
-        target, draft, leftover, _, state_row = (b[:count] for b in state.buffers)
+        target, draft, leftover, state_row = (b[:count] for b in state.buffers)
         leaf = state.leaf[rows]  # [L]
         accepted = (leaf == 0) | self.accepts(noise.accept[rows, leaf], weights[rows, leaf])
         rejected = ~accepted  # [L]
