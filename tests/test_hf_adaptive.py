@@ -53,9 +53,11 @@ from specsampling.gpu.hf import (  # noqa: E402
     quantize_int8,
 )
 from specsampling.gpu.hf import generate as hf_generate  # noqa: E402
+from specsampling.gpu.hf.drafters import Proposal  # noqa: E402
+from specsampling.gpu.hf.model_draft import graft  # noqa: E402
 from specsampling.schemes.base import tables  # noqa: E402
 from specsampling.simulators import CostModel  # noqa: E402
-from specsampling.tree import DraftTree  # noqa: E402
+from specsampling.tree import DraftTree, DrawLaw  # noqa: E402
 
 Shape = ss.Shape
 CHAIN_SCHEMES = [
@@ -148,6 +150,105 @@ def test_dropping_the_low_confidence_token_is_caught(name):
         scheme, rule = ss.SCHEMES[name], low_confidence(pair)
         errors.append(stopping_stream_error(scheme, pair, rule, drop=True))
     assert max(errors) > Fraction(1, 100)
+
+
+def guessed(prefix, vocab_size):
+    """A deterministic two-token guess from the context alone (a stand-in for prompt lookup)."""
+    last = prefix[-1] if prefix else 0
+    return [(last + 1) % vocab_size, (last + 2) % vocab_size]
+
+
+def grafted_round_law(scheme, pair, prefix, law=None, depth=2):
+    """Exact law of one round whose tree is a sampled chain of ``depth`` from the draft with
+    :func:`guessed` grafted beside it (:func:`graft`, the decoder's own); ``law``: the mutant
+    that labels the grafted tree with a law the scheme takes."""
+    rounds = {}
+
+    def grow(path, weight):
+        if len(path) == depth:
+            drafted = DraftTree.from_draws(list(enumerate(path)), law="iid")
+            proposal = Proposal(ssg.TreeBatch.from_trees([drafted]))
+            tree = graft(proposal, [guessed(prefix, pair.vocab_size)]).tree.to_trees()[0]
+            if law is not None:
+                tree = DraftTree(tree.parents, tree.tokens, tree.candidates, law)
+            for verdict, prob in scheme.verdict_law(tree, *tables(pair, tree, prefix)).items():
+                emitted = (*tree.prefix(verdict.node), verdict.token)
+                rounds[emitted] = rounds.get(emitted, 0) + weight * prob
+            return
+        draft = pair.draft(prefix + tuple(path))
+        for token in range(pair.vocab_size):
+            if draft[token] > 0:
+                grow([*path, token], weight * draft[token])
+
+    grow([], 1)
+    return rounds
+
+
+def grafted_stream_error(scheme, pair, law=None, length=3):
+    """Max deviation of the first ``length`` emitted tokens' law from the target's."""
+    rounds = {}
+
+    def after(context, remaining):
+        if remaining == 0:
+            return {(): 1}
+        if context not in rounds:
+            rounds[context] = grafted_round_law(scheme, pair, context, law)
+        out = {}
+        for emitted, prob in rounds[context].items():
+            if len(emitted) >= remaining:
+                out[emitted[:remaining]] = out.get(emitted[:remaining], 0) + prob
+                continue
+            for tail, tail_prob in after(context + emitted, remaining - len(emitted)).items():
+                out[emitted + tail] = out.get(emitted + tail, 0) + prob * tail_prob
+        return out
+
+    law_of, target = after((), length), target_joint(pair, length)
+    return max(abs(law_of.get(s, 0) - target.get(s, 0)) for s in {*law_of, *target})
+
+
+def test_nss_is_exact_for_grafted_trees():
+    """A sampled chain with a deterministic guess grafted beside it: nss's stream law is the
+    target's, exactly in Fractions, and the tree reached nss as law ``unknown``."""
+    for seed in (0, 1):
+        pair = ss.pairs.Random(vocab_size=3, seed=seed, exact=True)
+        assert grafted_stream_error(ss.SCHEMES["nss"], pair) == 0
+    with pytest.raises(UnsupportedShape, match="unknown"):
+        grafted_stream_error(ss.SCHEMES["specinfer"], pair)
+
+
+#: Tree schemes that take trees of some sampled law: each, handed a grafted tree labelled with
+#: its own law, is biased (the reason MixedDraft(graft=True) refuses them). standard and block
+#: verify chains only; spechub's trees must hold its hub.
+LABELLED = {
+    "specinfer": "iid",
+    "rsd": "without",
+    "traversal": "iid",
+    "spectr": "iid",
+    "greedy": "greedy",
+    "resispec": "iid",
+    "ot_optimal": "iid",
+    "ot_binned": "iid",
+    "khisti": "iid",
+}
+
+
+@pytest.mark.parametrize("name", sorted(LABELLED))
+def test_every_other_tree_scheme_is_biased_on_grafted_trees(name):
+    errors = []
+    for seed in (0, 1):
+        pair = ss.pairs.Random(vocab_size=3, seed=seed, exact=True)
+        errors.append(grafted_stream_error(ss.SCHEMES[name], pair, DrawLaw(LABELLED[name])))
+    assert max(errors) > Fraction(1, 100)
+
+
+def test_labelled_schemes_are_every_tree_scheme_but_nss():
+    trees = {
+        name
+        for name, scheme in ss.SCHEMES.items()
+        if isinstance(ssg.SCHEMES.get(name), ssg.schemes.TreeLowering)
+        and any(scheme.exact_for(law, False) for law in DrawLaw)
+    }
+    assert trees - set(LABELLED) == {"nss", "spechub"}
 
 
 # ----------------------------------------------------------------------------- policies
@@ -291,6 +392,60 @@ def test_mixed_draft_uses_the_lookup_where_it_matches(pair):
     assert mixed.lookup_rounds > 0
 
 
+def test_graft_follows_drafted_children_then_hangs_the_rest():
+    trees = [
+        DraftTree.from_draws([(0, 5), (0, 6), (1, 7)], law="iid"),
+        DraftTree.from_draws([(0, 5), (1, 7)], law="iid"),
+        DraftTree.from_draws([(0, 2)], law="iid"),
+    ]
+    batch = ssg.TreeBatch.from_trees(trees)
+    expanded = torch.tensor([[True, True] + [False] * 2] * 2 + [[True] + [False] * 3])
+    values = torch.arange(5.0)[:, None].expand(5, 3)
+    raw = torch.zeros((3, 4, 3))
+    proposal = Proposal(batch, (expanded, values), raw, drawn="bookkeeping")
+    grown = graft(proposal, [[5, 8, 9], [5, 7], []])
+    rows = grown.tree.to_trees()
+    # row 0: 5 is drafted, 8 is not: nodes 4 (8 under 5) and 5 (9 under 8), law unknown
+    assert rows[0].tokens == (-1, 5, 6, 7, 8, 9)
+    assert rows[0].parents == (-1, 0, 0, 1, 1, 4)
+    assert rows[0].candidates[1] == (3, 4)
+    assert rows[0].law is DrawLaw.UNKNOWN
+    # row 1: the guess lies in the drafted tree; row 2: no guess. Both keep tree and law.
+    assert rows[1:] == trees[1:]
+    assert grown.tree.chains == (False, True, True)
+    wide, kept = grown.draft_rows
+    assert wide.shape == (3, 6) and torch.equal(wide[:, :4], expanded) and not wide[:, 4:].any()
+    assert kept is values and grown.drawn == "bookkeeping"
+    assert grown.draft_logits.shape == (3, 6, 3) and grown.draft_logits[:, 4:].isnan().all()
+    with pytest.raises(ValueError, match=r"chains: expected one per row \(3\), got 1"):
+        graft(proposal, [[1]])
+
+
+GRAFT_SHAPES = [Shape.chain(3), Shape.paths(2, 3)]
+
+
+@pytest.mark.parametrize("shape", GRAFT_SHAPES, ids=str)
+def test_grafted_greedy_equals_generate(pair, shape):
+    """B = 3 ragged and B = 1, a draft that accepts little and a self-draft, prompts whose
+    lookups hit; with early stopping and lengths on chains."""
+    target, weak = pair
+    prompts = [[1, 2, 3, 4, 1, 2, 3, 4, 1, 2], [4, 2], [8, 1, 6, 6, 8, 1]]
+    ids, mask = left_pad(prompts)
+    expected = [greedy_reference(target, p, 14) for p in prompts]
+    for draft in (weak, target):
+        setups = [(MixedDraft(draft, NGramDraft(n=2, min_n=1), graft=True), None)]
+        if shape.is_chain:
+            stopping = MixedDraft(ModelDraft(draft, confidence=0.6), graft=True)
+            setups.append((stopping, HeuristicLength(initial=2)))
+        for mixed, length in setups:
+            dec = SpeculativeDecoder(target, mixed, "nss", shape, length=length)
+            out = dec.generate(ids, attention_mask=mask, max_new_tokens=14, temperature=0)
+            assert out.sequences[:, ids.shape[1] :].tolist() == expected, repr(mixed)
+            assert mixed.lookup_rounds > 0
+            alone = dec.generate(torch.tensor([prompts[0]]), max_new_tokens=14, temperature=0)
+            assert alone.sequences[0, len(prompts[0]) :].tolist() == expected[0], repr(mixed)
+
+
 # ----------------------------------------------------------------------------- sampling
 FALSE_POSITIVE_BUDGET = 1e-3
 NUM_ROWS = 3000
@@ -304,6 +459,8 @@ SAMPLING_CASES = [
     ("standard", "mixed", {}),
     ("standard", "all", {"temperature": 0.8, "top_p": 0.95}),
     ("standard", "int8", {"temperature": 0.8}),
+    ("nss", "graft", {}),
+    ("nss", "graft, stopping", {"temperature": 0.8}),
 ]
 NUM_CHI_SQUARE_TESTS = len(SAMPLING_CASES)
 ALPHA = FALSE_POSITIVE_BUDGET / NUM_CHI_SQUARE_TESTS
@@ -323,6 +480,11 @@ def small_options(draft):
         "all": (MixedDraft(ModelDraft(draft, confidence=0.3)), HeuristicLength(initial=1)),
         # every call through the int8 kernel, the batch of rows included
         "int8": (quantize_int8(draft, max_rows=10**6), HeuristicLength(initial=1)),
+        "graft": (MixedDraft(draft, NGramDraft(n=2, min_n=1), graft=True), None),
+        "graft, stopping": (
+            MixedDraft(ModelDraft(draft, confidence=0.3), NGramDraft(n=2, min_n=1), graft=True),
+            HeuristicLength(initial=1),
+        ),
     }
 
 
@@ -374,6 +536,36 @@ def test_negative_control_always_accept_fails(small_pair, option, settings):
     assert chi_square_pvalue(counts, two_token_law(target, settings)) < ALPHA
 
 
+def test_negative_control_grafted_trees_under_a_sampled_law_fail(small_pair, monkeypatch):
+    """The same grafted rounds verified by spectr, its refusal bypassed (the trees labelled
+    i.i.d.): the law check must catch the bias the exact engine shows."""
+    from specsampling.gpu.hf import model_draft
+    from specsampling.gpu.hf.verification import verification_for
+
+    target, draft = small_pair
+
+    def labelled(proposal, chains):
+        grown = graft(proposal, chains)
+        batch = grown.tree
+        iid = ssg.TreeBatch(
+            batch.parents,
+            batch.tokens,
+            batch.num_nodes,
+            batch.candidates,
+            batch.depth,
+            (DrawLaw.IID,) * batch.batch_size,
+        )
+        return grown._replace(tree=iid)
+
+    monkeypatch.setattr(model_draft, "graft", labelled)
+    mixed = MixedDraft(draft, NGramDraft(n=2, min_n=1), graft=True)
+    dec = SpeculativeDecoder(target, mixed, "nss", Shape.chain(3))
+    dec.verification = verification_for("spectr", Shape.chain(3))
+    counts, _ = two_token_counts(dec, {}, seed=13)
+    assert mixed.lookup_rounds > 0
+    assert chi_square_pvalue(counts, two_token_law(target, {})) < ALPHA
+
+
 # ----------------------------------------------------------------------------- refusals
 def test_refusals(pair):
     target, draft = pair
@@ -396,6 +588,14 @@ def test_refusals(pair):
         SpeculativeDecoder(target, MixedDraft(draft), "specinfer", Shape.paths(2, 2))
     with pytest.raises(ValueError, match="ngram: expected an NGramDraft"):
         MixedDraft(draft, ngram=3)
+    with pytest.raises(ValueError, match="graft: expected True or False"):
+        MixedDraft(draft, graft="yes")
+    grafting = MixedDraft(draft, graft=True)
+    for scheme, shape in [("standard", Shape.chain(2)), ("specinfer", Shape.paths(2, 2))]:
+        with pytest.raises(UnsupportedShape, match=r"mix draw laws.*\['nss'\]"):
+            SpeculativeDecoder(target, grafting, scheme, shape)
+    with pytest.raises(UnsupportedShape, match=r"keyed coupling.*'nss'"):
+        SpeculativeDecoder(target, grafting, "gumbel", Shape.chain(2))
     with pytest.raises(ValueError, match="initial: expected at most max_length"):
         HeuristicLength(initial=9, max_length=4)
     with pytest.raises(ValueError, match="max_length"):

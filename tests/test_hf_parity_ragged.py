@@ -180,3 +180,87 @@ def test_hf_rms_norm_rounds_a_float64_model_to_float32():
     float64_norms(norm)
     difference = (norm(x) - norm(nudged)).abs()
     assert 0 < float(difference.max()) < 1e-10
+
+
+# ----------------------------------------------------------------------------- grafted trees
+#: Cycles of the tiny target's own greedy continuations: prompt lookup predicts them.
+GRAFT_PROMPTS = [[49, 20, 18, 49, 20, 18, 49, 20, 18], [3, 10, 35, 24, 10, 35, 24, 10]]
+
+
+def decode_grafted(shape, monkeypatch):
+    """A batch decoded greedily (nss) by an unrelated draft model with a lookup branch grafted
+    beside its tree each round, recording each grafted round's node counts before the graft."""
+    from specsampling.gpu.hf import model_draft
+
+    target, _ = pair("llama")
+    draft = float64_norms(tiny_causal_lm("llama", 3, attn="sdpa", dtype=torch.float64))
+    before = {}
+
+    def recording(proposal, chains):
+        grown = graft(proposal, chains)
+        before[id(grown.tree)] = proposal.tree.num_nodes.tolist()
+        return grown
+
+    graft = model_draft.graft
+    monkeypatch.setattr(model_draft, "graft", recording)
+    mixed = hf.MixedDraft(draft, hf.NGramDraft(n=2, min_n=1), graft=True)
+    dec = SpeculativeDecoder(target, mixed, "nss", shape)
+    dec.traces = []
+    ids, mask = left_pad(GRAFT_PROMPTS)
+    dec.generate(ids, attention_mask=mask, max_new_tokens=16, temperature=0)
+    return target, draft, dec.traces, before
+
+
+def grafted_tokens_accepted(traces, before):
+    """Per row and round: accepted tokens past the drafted nodes (on the grafted branch)."""
+    counts = []
+    for trace in traces:
+        drafted = before.get(id(trace.tree))
+        if drafted is None:
+            continue
+        parents, tokens = trace.tree.parents.tolist(), trace.tree.tokens.tolist()
+        for b, emitted in enumerate(trace.emitted):
+            node, past = 0, 0
+            for token in emitted[:-1]:
+                children = [c for c, p in enumerate(parents[b]) if p == node]
+                node = next(c for c in children if tokens[b][c] == token)
+                past += node >= drafted[b]
+            counts.append(past)
+    return counts
+
+
+@pytest.mark.parametrize("shape", [Shape.chain(3), Shape.paths(2, 3)], ids=["chain", "tree"])
+def test_parity_when_the_accepted_path_runs_through_a_grafted_branch(shape, monkeypatch):
+    """The draft never forwarded a grafted node: after a path through one, its cache must take
+    every emitted token from the fork on as pending (here up to 4), and its next rows must
+    still equal no-cache forwards."""
+    target, draft, traces, before = decode_grafted(shape, monkeypatch)
+    assert max(grafted_tokens_accepted(traces, before)) == 3  # a whole grafted branch
+    rounds = parity_errors(target, draft, traces)
+    assert max(max(t, d) for _, t, d, _ in rounds) <= ATOL, rounds
+
+
+def _commit_assumes_the_drafted_path(self, state, proposal, verified):
+    """Mutant: the commit before grafting existed: the accepted path is taken to lie in the
+    drafted nodes, so at most the last two emitted tokens are left pending."""
+    kv = self.kv
+    tokens, accepted = verified.tokens, verified.num_emitted - 1
+    slots, offset = [], 0
+    for depth in range(1, len(self.level_paths)):
+        paths, exists = self.level_paths[depth], self.level_exists[depth]
+        same = (paths == tokens[:, None, :depth]).all(-1) & exists
+        use = same.any(-1) & (accepted >= depth)
+        slots.append(torch.where(use, same.int().argmax(-1) + offset, -1))
+        offset += paths.shape[1]
+    kv.commit(torch.stack(slots, dim=1) if slots else torch.empty((tokens.shape[0], 0)).long())
+    cached = accepted.clamp_max(len(self.level_paths) - 1)
+    index = accepted[:, None] - 1 + torch.arange(2)[None, :]
+    self.pending = tokens.gather(1, index.clamp_min(0))
+    self.pending_valid = index >= cached[:, None]
+
+
+def test_parity_check_fails_when_the_commit_ignores_the_graft(monkeypatch):
+    monkeypatch.setattr(hf.ModelDraft, "commit", _commit_assumes_the_drafted_path)
+    target, draft, traces, _ = decode_grafted(Shape.chain(3), monkeypatch)
+    rounds = parity_errors(target, draft, traces)
+    assert max(max(t, d) for _, t, d, _ in rounds) > 1e-4, rounds

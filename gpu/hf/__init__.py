@@ -8,7 +8,7 @@
   :mod:`.int8` -- :func:`quantize_int8`, an int8 weight-only copy of a draft model;
 * :mod:`.lengths` -- adaptive draft lengths: :class:`HeuristicLength` (transformers'
   heuristic schedule) and :class:`CostModelLength`; :class:`MixedDraft` -- prompt lookup
-  where it finds a continuation, the model elsewhere;
+  where it finds a continuation, the model elsewhere, or both in one tree (``graft=True``);
 * :mod:`.verification` -- :class:`TreeVerification` and :class:`KeyedVerification`;
 * :mod:`.state` -- :class:`DecodeState`, the per-row tensors of one ``generate`` call;
 * :mod:`.attention` -- tree masks and the cache surgery they need;

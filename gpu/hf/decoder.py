@@ -46,7 +46,9 @@ Drafters and their draw laws: a causal LM sharing the vocabulary (or :class:`Lay
 the target's own first layers) samples from its processed distribution (the shape's law);
 :class:`NGramDraft` proposes a deterministic chain (a point mass), exact only for ``nss`` and
 for schemes exact on sampled chains verified with the point-mass rule (``draft_probs=None``);
-every drafter is exact for a keyed coupling. Anything else is refused before the first forward.
+every drafter is exact for a keyed coupling. :class:`MixedDraft` with ``graft=True`` proposes
+trees mixing both laws (a lookup branch grafted beside the model's), exact for ``nss`` alone.
+Anything else is refused before the first forward.
 """
 
 from __future__ import annotations
@@ -330,7 +332,7 @@ class SpeculativeDecoder:
             verified = self.verification.verify(state, proposal, target_probs)
         if self.length is not None:
             self.length.update(
-                (proposal.tree.num_nodes - 1).tolist(),
+                proposal.tree.depth.amax(1).tolist(),  # the deepest path (chains: all nodes)
                 (verified.num_emitted - 1).tolist(),
                 {phase: state.times[phase] - before[phase] for phase in before},
                 getattr(self.drafter, "forwards", 0) - forwards,

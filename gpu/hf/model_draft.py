@@ -20,7 +20,7 @@ import torch
 
 from specsampling.errors import InvalidDistribution
 from specsampling.shapes import Shape
-from specsampling.tree import DrawLaw
+from specsampling.tree import DraftTree, DrawLaw
 
 from ..chain import chain_batch
 from ..drafting import TreeDrafter
@@ -296,11 +296,8 @@ class ModelDraft(Drafter):
         tokens = verified.tokens  # [B, D + 1]
         lanes = torch.arange(tokens.shape[1], device=tokens.device)[None, :]
         valid = torch.cat([self.pending_valid, lanes < verified.num_emitted[:, None]], dim=1)
-        tokens = torch.cat([self.pending, tokens.clamp_min(0)], dim=1)
-        order = valid.int().argsort(dim=1, stable=True)  # the valid lanes last, in order
-        self.pending, self.pending_valid = tokens.gather(1, order), valid.gather(1, order)
-        width = int(self.pending_valid.any(0).int().argmax())  # the leading all-hole lanes
-        self.pending, self.pending_valid = self.pending[:, width:], self.pending_valid[:, width:]
+        tokens = torch.cat([self.pending, tokens], dim=1)
+        self.pending, self.pending_valid = _right_aligned(tokens, valid)
 
     def node_slots(self, tree: TreeBatch) -> torch.Tensor:
         """The drafted slot (flat over the levels: root, then each level's frontier) whose path
@@ -320,29 +317,27 @@ class ModelDraft(Drafter):
 
     def commit(self, state: DecodeState, proposal: Proposal, verified: Verified) -> None:
         """Keep the drafted slots of the accepted path (depths ``1..D-1`` were forwarded); the
-        emitted tokens not cached yet (1 or 2) become the pending tokens."""
+        emitted tokens not cached yet become the pending tokens: one or two, or more where the
+        path left the drafted nodes (a branch grafted by :class:`MixedDraft`)."""
         kv = self.kv
         assert kv is not None
         tokens = verified.tokens  # [B, D + 1]
         accepted = verified.num_emitted - 1  # [B] accepted drafted nodes
         slots = []
+        cached = torch.zeros_like(accepted)  # [B] emitted tokens the draft has forwarded
         offset = 0
         for depth in range(1, len(self.level_paths)):
             paths, exists = self.level_paths[depth], self.level_exists[depth]  # [B, F, depth]
             same = (paths == tokens[:, None, :depth]).all(-1) & exists  # [B, F]
-            use = same.any(-1) & (accepted >= depth)  # [B]
+            use = same.any(-1) & (accepted >= depth)  # [B]: once False, False at every depth
             slots.append(torch.where(use, same.int().argmax(-1) + offset, PAD))
+            cached += use
             offset += paths.shape[1]
         empty = torch.empty((tokens.shape[0], 0), dtype=torch.long, device=tokens.device)
         kv.commit(torch.stack(slots, dim=1) if slots else empty)  # [B, D - 1]
-        cached = accepted.clamp_max(len(self.level_paths) - 1)  # [B] emitted tokens now cached
-        lanes = torch.arange(2, device=tokens.device)[None, :]  # [1, 2]: the last two emitted
-        index = accepted[:, None] - 1 + lanes  # [B, 2]
-        valid = index >= cached[:, None]  # [B, 2]
-        pending = tokens.gather(1, index.clamp_min(0))
-        if not bool(valid[:, 0].any()):  # nobody has two: one lane
-            pending, valid = pending[:, 1:], valid[:, 1:]
-        self.pending, self.pending_valid = pending, valid
+        lanes = torch.arange(tokens.shape[1], device=tokens.device)[None, :]  # [1, D + 1]
+        valid = (lanes >= cached[:, None]) & (lanes < verified.num_emitted[:, None])  # [B, D + 1]
+        self.pending, self.pending_valid = _right_aligned(tokens, valid)
         kv.compact_if_sparse(state.compact_slack)
 
     def select_rows(self, rows: torch.Tensor) -> None:
@@ -363,26 +358,38 @@ class ModelDraft(Drafter):
 
 
 class MixedDraft(Drafter):
-    """Prompt lookup where it finds a continuation, a model draft elsewhere.
+    """Prompt lookup combined with a model draft: by rounds, or in one tree (``graft=True``).
 
     Each round, **before anything is drawn**, :class:`~.drafters.NGramDraft` looks every
-    active row's context up: when it finds a continuation for every row, the round proposes
-    those point-mass chains (no draft forward; the model's cache catches up on the emitted
-    tokens in its next forward); otherwise ``model`` drafts the round with the shape's law.
-    The choice is a function of the committed contexts alone, so each round's draw law is
-    known when it is verified: a point mass, or the model's sampled law. Exact for the schemes
-    exact for both (:class:`~.drafters.NGramDraft`'s condition: ``nss`` and the schemes exact
-    on sampled chains with the point-mass rule, e.g. ``standard``, ``block``, ``traversal``;
-    and every keyed coupling); the rest are refused before the first forward. Chains only.
+    active row's context up (up to the round's depth). The choice of what to propose is a
+    function of the committed contexts alone, so each round's draw law is known when it is
+    verified.
 
-    A tree mixing both in one round (an n-gram branch beside sampled branches) would need a
-    draw law per branch, which no lowered scheme takes today: not built.
+    * ``graft=False`` (default), **by rounds**: when the lookup finds a continuation for every
+      row, the round proposes those point-mass chains (no draft forward; the model's cache
+      catches up on the emitted tokens in its next forward); otherwise ``model`` drafts the
+      round with the shape's law. Exact for the schemes exact for both laws
+      (:class:`~.drafters.NGramDraft`'s condition: ``nss`` and the schemes exact on sampled
+      chains with the point-mass rule, e.g. ``standard``, ``block``, ``traversal``; and every
+      keyed coupling); the rest are refused before the first forward. Chains only.
+    * ``graft=True``, **in one tree**: ``model`` drafts every round (the shape's law, any
+      shape), and each row's lookup continuation is grafted into the row's tree as one more
+      branch: it follows the drafted children while they carry its tokens and hangs the rest
+      below as a chain (:func:`graft`), so the tree gains at most the round's depth in nodes
+      and the target scores both drafters' guesses in its one forward. Such a tree mixes draw
+      laws (sampled branches beside a deterministic one; the drafted part's law depends on the
+      context alone), and is drawn apart from the verifier's noise: ``nss`` is exact for it,
+      as for every such tree. The other tree verifiers need their candidates drawn by one law
+      (i.i.d. or without replacement from ``q``), which a lookup branch is not, and keyed
+      couplings draft by their race on a fixed plan: all are refused before the first forward.
+      At temperature 0 every scheme verifies the same way (accept while the token is the
+      target's argmax), so ``nss`` loses nothing there.
 
     ``model``: a causal LM, :class:`LayerSkipDraft` or :class:`ModelDraft` (e.g. with
     ``confidence``); ``ngram``: the lookup (default ``NGramDraft(n=3, min_n=2)``).
     """
 
-    def __init__(self, model: Any, ngram: NGramDraft | None = None) -> None:
+    def __init__(self, model: Any, ngram: NGramDraft | None = None, graft: bool = False) -> None:
         if not isinstance(model, ModelDraft):
             from .drafters import as_drafter
 
@@ -391,15 +398,22 @@ class MixedDraft(Drafter):
             raise ValueError(f"model: expected a draft model, got {type(model).__name__}")
         if ngram is not None and not isinstance(ngram, NGramDraft):
             raise ValueError(f"ngram: expected an NGramDraft, got {type(ngram).__name__}")
+        if not isinstance(graft, bool):
+            raise ValueError(f"graft: expected True or False, got {graft!r}")
         self.model = model
         self.ngram = NGramDraft(n=3, min_n=2) if ngram is None else ngram
+        self.graft = graft
         self.looked_up = False  # whether the current round is the lookup's
-        #: Rounds of the current (or last) call drafted by the lookup.
+        #: Rounds of the current (or last) call drafted by the lookup (``graft=True``: rounds
+        #: with a lookup branch grafted into some row's tree).
         self.lookup_rounds = 0
 
     def check(self, target: Any, verification: Any) -> None:
         self.model.check(target, verification)
-        verification.check_law(DrawLaw.DETERMINISTIC, "MixedDraft (its prompt-lookup rounds)")
+        if self.graft:
+            verification.check_law(DrawLaw.UNKNOWN, "MixedDraft(graft=True)")
+        else:
+            verification.check_law(DrawLaw.DETERMINISTIC, "MixedDraft (its prompt-lookup rounds)")
 
     def start(self, state: DecodeState) -> None:
         self.model.start(state)
@@ -412,6 +426,13 @@ class MixedDraft(Drafter):
     def propose(self, state: DecodeState, draw: Draw) -> Proposal:
         length = len(draw.levels)
         found = [self.ngram.lookup(context, length) for context in state.contexts]
+        if self.graft:
+            self.looked_up = False
+            proposal = self.model.propose(state, draw)
+            if not any(found):
+                return proposal
+            self.lookup_rounds += 1
+            return graft(proposal, found)
         self.looked_up = all(found)
         if self.looked_up:
             self.lookup_rounds += 1
@@ -431,7 +452,64 @@ class MixedDraft(Drafter):
         self.model.stop()
 
     def __repr__(self) -> str:
-        return f"MixedDraft({self.model!r}, {self.ngram!r})"
+        extra = ", graft=True" if self.graft else ""
+        return f"MixedDraft({self.model!r}, {self.ngram!r}{extra})"
+
+
+def graft(proposal: Proposal, chains: Sequence[Sequence[int]]) -> Proposal:
+    """``proposal`` with ``chains[b]`` (token ids; empty: nothing) grafted into row ``b``'s
+    tree: from the root, follow the child carrying the chain's next token while there is one,
+    then hang the chain's remaining tokens below as new nodes (numbered after the existing
+    ones, so node indices, draft rows and the draw's bookkeeping stay valid). A row that gains
+    nodes has law ``DrawLaw.UNKNOWN``; the others keep theirs. Built on the host (the lookup
+    is host work anyway): one read of the tree.
+
+    >>> import specsampling as ss
+    >>> from specsampling.gpu import TreeBatch
+    >>> trees = [ss.DraftTree.from_draws([(0, 5), (1, 6)], law="iid")] * 2
+    >>> grown = graft(Proposal(TreeBatch.from_trees(trees)), [[5, 7, 8], []]).tree
+    >>> grown.tokens.tolist(), grown.parents[0].tolist(), [str(law) for law in grown.laws]
+    ([[-1, 5, 6, 7, 8], [-1, 5, 6, -1, -1]], [-1, 0, 1, 1, 3], ['unknown', 'iid'])
+    """
+    tree = proposal.tree
+    if len(chains) != tree.batch_size:
+        raise ValueError(f"chains: expected one per row ({tree.batch_size}), got {len(chains)}")
+    rows = []
+    for reference, chain in zip(tree.to_trees(), chains, strict=True):
+        parents, tokens = list(reference.parents), list(reference.tokens)
+        candidates = [list(c) for c in reference.candidates]
+        node, grown = 0, False
+        for token in chain:
+            child = None
+            if not grown:
+                child = next((c for c in reference.children(node) if tokens[c] == token), None)
+            if child is None:
+                parents.append(node)
+                tokens.append(int(token))
+                candidates.append([])
+                candidates[node].append(len(tokens) - 1)
+                child, grown = len(tokens) - 1, True
+            node = child
+        law = DrawLaw.UNKNOWN if grown else reference.law
+        rows.append(DraftTree(tuple(parents), tuple(tokens), tuple(map(tuple, candidates)), law))
+    grafted = TreeBatch.from_trees(rows, tree.device)
+    size = grafted.parents.shape[1] - tree.parents.shape[1]  # new node columns
+    draft_rows, raw = proposal.draft_rows, proposal.draft_logits
+    if draft_rows is not None and size:
+        expanded, values = draft_rows
+        draft_rows = (torch.nn.functional.pad(expanded, (0, size), value=False), values)
+    if raw is not None and size:
+        raw = torch.nn.functional.pad(raw, (0, 0, 0, size), value=float("nan"))
+    return Proposal(grafted, draft_rows, raw, proposal.drawn)
+
+
+def _right_aligned(tokens: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``valid`` lanes of ``tokens [B, W]`` moved right (in order, holes before) and the
+    lanes that are holes in every row dropped (one host synchronisation)."""
+    order = valid.int().argsort(dim=1, stable=True)  # the valid lanes last, in order
+    tokens, valid = tokens.clamp_min(0).gather(1, order), valid.gather(1, order)
+    width = int(valid.sum(1).max())
+    return tokens[:, tokens.shape[1] - width :], valid[:, valid.shape[1] - width :]
 
 
 def _gather_rows(table: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
@@ -453,4 +531,4 @@ def vocab_size(model: Any) -> int:
     return int(model.config.get_text_config(decoder=True).vocab_size)
 
 
-__all__ = ["LayerSkipDraft", "LevelMasks", "MixedDraft", "ModelDraft", "vocab_size"]
+__all__ = ["LayerSkipDraft", "LevelMasks", "MixedDraft", "ModelDraft", "graft", "vocab_size"]

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+import specsampling as ss
 from specsampling.errors import UnsupportedShape
 from specsampling.keyed import KeyedNoise
 from specsampling.shapes import Shape
@@ -44,7 +45,7 @@ from ..chain import chain_batch, verify_chain
 from ..drafting import TreeDrafter
 from ..generate import row_keys
 from ..schemes import SCHEMES, get_lowering, tree_lowering
-from ..schemes.base import Verified
+from ..schemes.base import TreeLowering, Verified
 from ..schemes.coupled import Drafted, KeyedLowering, keyed_select_root
 from ..tree import PAD, TreeBatch
 from .drafters import Proposal
@@ -107,10 +108,26 @@ class TreeVerification:
 
     def check_law(self, law: DrawLaw | None, drafter: str = "the drafter") -> None:
         """Refuse ``drafter`` (named in errors) whose trees have ``law`` (``None``: the
-        shape's own, sampled; else a point mass)."""
+        shape's own, sampled; ``DrawLaw.UNKNOWN``: trees mixing laws, exact only for schemes
+        exact on every tree drawn apart from the verifier's noise; else a point-mass chain)."""
         reference = self.lowering.reference_scheme
         if law is None:
             reference.check(self.shape)
+            return
+        if law is DrawLaw.UNKNOWN:  # trees mixing draw laws (a grafted lookup branch)
+            if not reference.exact_for(DrawLaw.UNKNOWN, False):
+                exact = sorted(
+                    name
+                    for name, scheme in ss.SCHEMES.items()
+                    if isinstance(SCHEMES.get(name), TreeLowering)
+                    and scheme.exact_for(DrawLaw.UNKNOWN, False)
+                )
+                raise UnsupportedShape(
+                    f"scheme: {self.name!r} is not exact for {drafter}'s trees, which mix draw "
+                    f"laws (sampled branches beside a deterministic one); exact for every tree "
+                    f"drawn apart from the verifier's noise: {exact}; {self.name!r} is exact for "
+                    f"{reference.support_text()}"
+                )
             return
         if not self.shape.is_chain:
             raise UnsupportedShape(
@@ -173,7 +190,7 @@ class TreeVerification:
     ) -> Verified:
         """The lowering on one round's tables (chains through the chain fast path)."""
         depth = tree.max_depth
-        if draft_probs is None or (self.shape.is_chain and depth > 0):
+        if all(tree.chains) and (draft_probs is None or (self.shape.is_chain and depth > 0)):
             chain_draft = None if draft_probs is None else draft_probs[:, :depth]
             return verify_chain(
                 self.lowering,
@@ -183,6 +200,7 @@ class TreeVerification:
                 generator=generator,
                 num_draft_tokens=tree.num_nodes - 1,
             )
+        assert draft_probs is not None, "a point-mass draft proposes chains"
         return verify(self.lowering, tree, target_probs, draft_probs, generator=generator)
 
     def __repr__(self) -> str:
@@ -275,7 +293,15 @@ class KeyedVerification:
 
     def check_law(self, law: DrawLaw | None, drafter: str = "the drafter") -> None:
         """Every drafter is exact for a keyed coupling (drafting only chooses which
-        exponentials the drafter shares with the target); point masses come as chains."""
+        exponentials the drafter shares with the target); point masses come as chains. Trees
+        mixing draw laws (``DrawLaw.UNKNOWN``: a grafted lookup branch) are refused: the keyed
+        walk drafts on its plan alone."""
+        if law is DrawLaw.UNKNOWN:
+            raise UnsupportedShape(
+                f"scheme: {self.name!r} is a keyed coupling, which drafts every node by its keyed "
+                f"race on the decoder shape's plan; {drafter} adds branches the race did not draw "
+                "(use a tree verifier exact for any tree: 'nss')"
+            )
         if law is not None and not self.shape.is_chain:
             raise UnsupportedShape(
                 f"shape: {drafter} proposes chains; got {self.shape!r} (use Shape.chain(k))"
