@@ -419,6 +419,49 @@ def test_graft_follows_drafted_children_then_hangs_the_rest():
     assert grown.draft_logits.shape == (3, 6, 3) and grown.draft_logits[:, 4:].isnan().all()
     with pytest.raises(ValueError, match=r"chains: expected one per row \(3\), got 1"):
         graft(proposal, [[1]])
+    # A drafter's batch padded past every row's nodes (repeated draws merged): padding dropped.
+    pad = torch.nn.functional.pad
+    wide = ssg.TreeBatch(
+        pad(batch.parents, (0, 3), value=-1),
+        pad(batch.tokens, (0, 3), value=-1),
+        batch.num_nodes,
+        pad(batch.candidates, (0, 0, 0, 3), value=-1),
+        pad(batch.depth, (0, 3), value=-1),
+        batch.laws,
+    )
+    padded = Proposal(wide, (pad(expanded, (0, 3)), values), pad(raw, (0, 0, 0, 3)))
+    grown = graft(padded, [[6, 1], [], []])  # one node more than row 0's four
+    assert grown.tree.parents.shape == (3, 5) and grown.draft_rows[0].shape == (3, 5)
+    assert grown.draft_logits.shape == (3, 5, 3)
+    assert torch.equal(grown.draft_rows[0][:, :4], expanded)
+    assert grown.tree.to_trees()[0].tokens == (-1, 5, 6, 7, 1)
+
+
+@pytest.mark.parametrize("branch", [False, True], ids=["extends-the-chain", "beside-it"])
+def test_grafted_nodes_are_never_checked_against_a_draft_row(branch):
+    """Greedy tables (one-hot rows) and a draft stopped after one token: a lookup that agrees
+    with it and runs on extends the model's chain (still a chain), one that disagrees hangs
+    beside it; either way the grafted tokens have no draft row of their own, the target's
+    argmax path is emitted, and no zero-draft-probability check may fire."""
+    from types import SimpleNamespace
+
+    from specsampling.gpu.hf.verification import verification_for
+
+    drafted = DraftTree.chain([2], law="iid")
+    proposal = Proposal(
+        ssg.TreeBatch.from_trees([drafted]),
+        (torch.tensor([[True, False]]), torch.eye(5)[[2]].double()),  # q(. | root): 2
+    )
+    grown = graft(proposal, [[4, 3] if branch else [2, 3, 1]])
+    assert grown.tree.chains == (not branch,) and grown.tree.laws == (DrawLaw.UNKNOWN,)
+    argmax = [2, 4, 0, 0]  # the target's greedy token at each depth
+    nodes = grown.tree.num_nodes.item()
+    target = torch.zeros((1, nodes, 5), dtype=torch.float64)
+    for node in range(nodes):
+        target[0, node, argmax[grown.tree.depth[0, node]]] = 1.0
+    state = SimpleNamespace(generator=torch.Generator().manual_seed(0))
+    verified = verification_for("nss", Shape.chain(3)).verify(state, grown, target)
+    assert verified.tokens[0, : verified.num_emitted[0]].tolist() == [2, 4]
 
 
 GRAFT_SHAPES = [Shape.chain(3), Shape.paths(2, 3)]

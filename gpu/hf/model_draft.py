@@ -7,7 +7,8 @@ round's tree **level by level**: one draft forward per depth over the nodes of t
 with an ancestor-only mask (:class:`LevelMasks`) and ``position_ids = length + depth - 1``;
 the logits go through the state's processing, and the round's :class:`~.drafters.Draw` picks the
 children from them. After the verdict the cache keeps the drafted slots of the accepted path;
-the emitted tokens it has not cached (one or two) wait as its pending tokens.
+the emitted tokens it has not cached (one or two; more after a path through a branch it never
+drafted, :func:`graft`) wait as its pending tokens.
 """
 
 from __future__ import annotations
@@ -493,7 +494,9 @@ def graft(proposal: Proposal, chains: Sequence[Sequence[int]]) -> Proposal:
         law = DrawLaw.UNKNOWN if grown else reference.law
         rows.append(DraftTree(tuple(parents), tuple(tokens), tuple(map(tuple, candidates)), law))
     grafted = TreeBatch.from_trees(rows, tree.device)
-    size = grafted.parents.shape[1] - tree.parents.shape[1]  # new node columns
+    # new node columns; negative where the drafter padded past every row's nodes (a trie merged
+    # repeated draws): padding F.pad then crops, never an expanded node
+    size = grafted.parents.shape[1] - tree.parents.shape[1]
     draft_rows, raw = proposal.draft_rows, proposal.draft_logits
     if draft_rows is not None and size:
         expanded, values = draft_rows

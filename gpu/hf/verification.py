@@ -175,7 +175,7 @@ class TreeVerification:
             token = ops.categorical(target_probs[:, 0], u)  # [B]
             return Verified(torch.zeros_like(token), token, token[:, None], torch.ones_like(token))
         draft_probs = None
-        if proposal.draft_rows is not None:
+        if proposal.draft_rows is not None and DrawLaw.UNKNOWN not in tree.laws:
             draft_probs = target_probs.clone()  # unexpanded nodes: the target row (never read)
             expanded, values = proposal.draft_rows
             draft_probs[expanded] = values.to(draft_probs.dtype)
@@ -185,10 +185,13 @@ class TreeVerification:
         self,
         tree: TreeBatch,
         target_probs: torch.Tensor,  # [B, N, V]
-        draft_probs: torch.Tensor | None,  # [B, N, V]; None: point-mass chain
+        draft_probs: torch.Tensor | None,  # [B, N, V]; None: no draft row to read
         generator: torch.Generator,
     ) -> Verified:
-        """The lowering on one round's tables (chains through the chain fast path)."""
+        """The lowering on one round's tables (chains through the chain fast path).
+        ``draft_probs=None``: point-mass chains, or trees mixing draw laws (a grafted lookup
+        branch, law ``unknown``: a sampled node's row would wrongly flag a grafted child of
+        zero draft probability, and ``nss``, their one verifier, reads no draft row)."""
         depth = tree.max_depth
         if all(tree.chains) and (draft_probs is None or (self.shape.is_chain and depth > 0)):
             chain_draft = None if draft_probs is None else draft_probs[:, :depth]
@@ -200,7 +203,8 @@ class TreeVerification:
                 generator=generator,
                 num_draft_tokens=tree.num_nodes - 1,
             )
-        assert draft_probs is not None, "a point-mass draft proposes chains"
+        if draft_probs is None:  # trees mixing laws: their verifiers (nss) read no draft row
+            draft_probs = target_probs
         return verify(self.lowering, tree, target_probs, draft_probs, generator=generator)
 
     def __repr__(self) -> str:
