@@ -83,6 +83,12 @@ OURS_T0 = [
         CHAIN(5),
         "int8,mixed,confidence=0.4,heuristic",
     ),
+    (
+        "int8 grafted, confidence 0.4, heuristic",
+        "nss",
+        CHAIN(5),
+        "int8,graft,confidence=0.4,heuristic",
+    ),
 ]
 OURS_T1 = [
     AUTO_T1,
@@ -93,6 +99,7 @@ OURS_T1 = [
     ("int8 heuristic", "standard", CHAIN(5), "int8,heuristic"),
     ("int8 cost model", "standard", CHAIN(5), "int8,cost"),
     ("int8 mixed chain(6)", "standard", CHAIN(6), "int8,mixed"),
+    ("int8 grafted chain(6)", "nss", CHAIN(6), "int8,graft"),
     ("int8 traversal delayed(2, 3, 2)", "traversal", DELAYED(2, trunk=3, branch=2), "int8"),
     ("int8 traversal paths(2, 4)", "traversal", PATHS(2, 4), "int8"),
 ]
@@ -101,7 +108,8 @@ OURS_T1 = [
 def drafting(options: str, draft: Any, draft8: Any = None) -> tuple[Any, Any]:
     """``(drafter, length policy)`` of a configuration's ``options``, fresh for each run: comma
     separated ``int8`` (the draft's int8 weight-only copy ``draft8``, :func:`hf.quantize_int8`),
-    ``confidence=P``, ``heuristic``, ``cost``, ``mixed``."""
+    ``confidence=P``, ``heuristic``, ``cost``, ``mixed`` (prompt lookup by rounds), ``graft``
+    (prompt lookup grafted into every round's tree, :class:`hf.MixedDraft` ``graft=True``)."""
     parts = [part for part in options.split(",") if part]
     confidence = None
     length: Any = None
@@ -117,11 +125,11 @@ def drafting(options: str, draft: Any, draft8: Any = None) -> tuple[Any, Any]:
             if draft8 is None:
                 raise ValueError("options: int8 needs the quantized draft")
             model = draft8
-        elif part != "mixed":
+        elif part not in ("mixed", "graft"):
             raise ValueError(f"options: unknown drafting option {part!r}")
     drafter: Any = hf.ModelDraft(model, confidence=confidence)
-    if "mixed" in parts:
-        drafter = hf.MixedDraft(drafter)
+    if "mixed" in parts or "graft" in parts:
+        drafter = hf.MixedDraft(drafter, graft="graft" in parts)
     return drafter, length
 
 

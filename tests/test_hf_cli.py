@@ -224,6 +224,8 @@ def test_decode_ngram_needs_a_chain_before_loading(
         ["--confidence", "0.5"],
         ["--mixed", "--draft-length", "heuristic", "--confidence", "0.9"],
         ["--int8-draft", "--confidence", "0.4"],
+        ["--graft", "--scheme", "nss"],
+        ["--graft", "--scheme", "nss", "--shape", "paths(2, 2)"],
     ],
     ids=" ".join,
 )
@@ -243,6 +245,15 @@ def test_decode_adaptive_options_print_the_greedy_text(
     [
         (["--draft", "ngram", "--confidence", "0.5"], "--confidence: needs a draft model"),
         (["--mixed"], "--mixed: needs a draft model"),
+        (["--graft", "--scheme", "nss"], "--graft: needs a draft model"),
+        (
+            ["--draft", "smollm2-135m", "--graft"],
+            "scheme: 'standard' is not exact for --graft's trees, which mix draw laws",
+        ),
+        (
+            ["--draft", "smollm2-135m", "--graft", "--mixed", "--scheme", "nss"],
+            "--graft: mixes prompt lookup into every round; drop --mixed",
+        ),
         (["--draft", "ngram", "--int8-draft"], "--int8-draft: needs a draft model"),
         (
             ["--draft", "smollm2-135m", "--draft-length", "cost", "--shape", "paths(2, 2)"],

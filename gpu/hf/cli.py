@@ -40,6 +40,8 @@ from specsampling.gpu.hf import (
     quantize_int8,
 )
 from specsampling.gpu.hf import models as _models
+from specsampling.gpu.hf.verification import verification_for
+from specsampling.tree import DrawLaw
 from specsampling.validation import check_output_dir
 
 #: The dtypes ``decode`` loads the models in.
@@ -282,6 +284,13 @@ def decode_parser() -> argparse.ArgumentParser:
         "by the model otherwise (a chain shape) (default: off)",
     )
     made.add_argument(
+        "--graft",
+        action="store_true",
+        help="with a draft model: every round the model drafts the shape and prompt lookup's "
+        "continuation is grafted into its tree as one more branch (trees mixing draw laws: "
+        "--scheme nss only) (default: off)",
+    )
+    made.add_argument(
         "--int8-draft",
         action="store_true",
         help="with a draft model: draft with its int8 weight-only copy (quantize_int8; about "
@@ -321,11 +330,16 @@ def _decode(args: argparse.Namespace) -> int:
     needs_model = (
         ("--confidence", args.confidence is not None),
         ("--mixed", args.mixed),
+        ("--graft", args.graft),
         ("--int8-draft", args.int8_draft),
     )
     for option, used in needs_model:
         if used and not model_draft:
             raise ValueError(f"{option}: needs a draft model (--draft MODEL), got {args.draft!r}")
+    if args.graft:
+        if args.mixed:
+            raise ValueError("--graft: mixes prompt lookup into every round; drop --mixed")
+        verification_for(args.scheme, args.shape).check_law(DrawLaw.UNKNOWN, "--graft")
     adaptive = args.draft_length != "fixed" or args.confidence is not None or args.mixed
     if adaptive and not args.shape.is_chain:
         raise UnsupportedShape(
@@ -351,8 +365,8 @@ def _decode(args: argparse.Namespace) -> int:
         if args.int8_draft:
             model = quantize_int8(model)
         draft = ModelDraft(model, confidence=args.confidence)
-        if args.mixed:
-            draft = MixedDraft(draft)
+        if args.mixed or args.graft:
+            draft = MixedDraft(draft, graft=args.graft)
     decoder = SpeculativeDecoder(target, draft, args.scheme, args.shape, length=length)
     ids = prompt_ids(tokenizer, args.prompt, args.chat_template)
     templated = args.chat_template and bool(getattr(tokenizer, "chat_template", None))
