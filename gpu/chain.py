@@ -383,7 +383,7 @@ class GreedyChain(StandardChain):
         """``(tables reading q', covers [B, γ], drawn [B, γ])``: :meth:`covering_lanes` and
         :meth:`nss_draws` (sync-free), or on the CPU outside ``torch.compile``, where host reads
         are free, :meth:`sparse_lanes` (the same values wherever they are read)."""
-        if tables.target_flat.device.type == "cpu" and not torch.compiler.is_compiling():
+        if ops.host_reads_free(tables.target_flat):
             return self.sparse_lanes(tables, noise)
         own, covers = self.covering_lanes(tables)
         return own, covers, self.nss_draws(own, noise)

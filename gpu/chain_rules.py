@@ -215,7 +215,7 @@ class BlockChain:
         r"""The masses :math:`S_i` the acceptances read, ``[B, γ + 1]``: every inner node's
         (:meth:`row_masses`, sync-free), or on the CPU outside ``torch.compile`` only those that
         can decide :math:`\tau` (:meth:`deciding_masses`: host reads cost nothing there)."""
-        if chain.target.device.type == "cpu" and not torch.compiler.is_compiling():
+        if ops.host_reads_free(chain.target):
             return self.deciding_masses(chain, weights, noise)
         return self.row_masses(chain, weights)
 

@@ -13,6 +13,7 @@ each row. No host synchronisation, no loop over rows or the vocabulary.
 * :func:`block_sums`, :func:`categorical_blocks` -- the float32 inverse CDF in two levels
   (sums of 128-token blocks, then one block), never normalising and never materialising a
   ``[B, V]`` cumulative sum or a float64 copy of a row.
+* :func:`host_reads_free` -- whether a CPU route may read the device (a CPU tensor, eager).
 * :func:`argmax_blocks` -- ``torch.argmax`` over the last axis in the same two levels (block
   maxima, then one block): the same index, several times faster on CPU; :func:`max_off_token`,
   the largest entry of a row but one token's, the same way.
@@ -29,6 +30,13 @@ from __future__ import annotations
 import functools
 
 import torch
+
+
+def host_reads_free(tensor: torch.Tensor) -> bool:
+    """Whether reading values of ``tensor`` on the host costs nothing: a CPU tensor, outside
+    ``torch.compile``'s tracing. The lowerings' CPU routes (work on the rows a host read picks)
+    take it; elsewhere they run their sync-free twins, which give the same values."""
+    return tensor.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
 def compute_dtype(*tables: torch.Tensor) -> torch.dtype:

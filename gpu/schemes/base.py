@@ -266,7 +266,7 @@ class NodeLowering(TreeLowering):
     def walking_rows(self, done: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """The rows a walk step decides for, ``[L]``: on the CPU outside ``torch.compile`` those
         not ``done`` (a host read, free there), elsewhere every row (``rows``)."""
-        if done.device.type == "cpu" and not torch.compiler.is_compiling():
+        if ops.host_reads_free(done):
             return rows[~done]
         return rows
 

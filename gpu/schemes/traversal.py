@@ -180,7 +180,7 @@ class Traversal(TreeLowering):
         (``start`` elsewhere, never read there). On the CPU outside ``torch.compile`` (host
         reads are free) only those rows, and only while one still has a child
         (:meth:`sparse_descend`); elsewhere every row, ``max_depth`` levels, sync-free."""
-        if rows.device.type != "cpu" or torch.compiler.is_compiling():
+        if not ops.host_reads_free(rows):
             return self.dense_enter(batch, state, start, entering, rows)
         picked = entering.nonzero()[:, 0]  # [M]
         if picked.shape[0] == 0:
@@ -199,7 +199,7 @@ class Traversal(TreeLowering):
         """``out[l]`` = the state row where ``updated[l]``, else the table row. On the CPU outside
         ``torch.compile`` (host reads are free) the table rows, then the updated rows copied over
         them; elsewhere :meth:`selected_rows`, sync-free (the same values)."""
-        if out.device.type != "cpu" or torch.compiler.is_compiling():
+        if not ops.host_reads_free(out):
             return self.selected_rows(tables, states, updated, out, scratch)
         torch.index_select(tables[0], 0, tables[1], out=out)
         picked = updated.nonzero()[:, 0]  # the host read
@@ -328,7 +328,7 @@ class Traversal(TreeLowering):
     def still_rejecting(self, rows: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
         """The rows the next round runs on: on the CPU outside ``torch.compile`` those that
         rejected (a host read, free there), elsewhere ``rows`` unchanged."""
-        if rows.device.type == "cpu" and not torch.compiler.is_compiling():
+        if ops.host_reads_free(rows):
             return rows[rejected]
         return rows
 
