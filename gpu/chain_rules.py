@@ -125,6 +125,11 @@ class NSSChain:
         return pack_chain(chain.draft_tokens, num_accepted, token)
 
 
+#: The most rows whose chain weights :meth:`BlockChain.weights` computes on the host (CPU, eager):
+#: a Python loop of ``B γ`` steps against a few ops per lane.
+HOST_WEIGHT_ROWS = 16
+
+
 class BlockChain:
     """Block verification (Sun et al. 2024) on a batch of chains; :class:`TraversalChain` is
     the same engine with traversal's zero-mass rule and weight cap."""
@@ -143,6 +148,11 @@ class BlockChain:
     def capped(self, scaled: torch.Tensor, draft_x: torch.Tensor) -> torch.Tensor:
         """:math:`\\min(1, w\\,p(x) / q(x))` as the block lowering computes it, ``[B]``."""
         return torch.where(scaled >= draft_x, 1.0, scaled / draft_x)
+
+    @staticmethod
+    def capped_value(scaled: float, draft_x: float) -> float:
+        """:meth:`capped` of one row and lane, on the host (the same float64 rounding)."""
+        return 1.0 if scaled >= draft_x else scaled / draft_x
 
     def acceptance(self, mass: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """``h`` from ``S`` (``mass``, compute dtype) and ``w`` (float64): block's rule, 1 when
@@ -198,6 +208,29 @@ class BlockChain:
             normalised = residual.div_(torch.where(mass > 0, mass, 1.0))  # [B, V]
             return ops.categorical(torch.where(use_target[:, None], target, normalised), u)
         return ops.categorical_blocks_or(residual, target, use_target, u)
+
+    def weights(self, chain: ChainRound) -> torch.Tensor:
+        """:meth:`chain_weights` (sync-free), or on the CPU outside ``torch.compile`` for up to
+        :data:`HOST_WEIGHT_ROWS` rows :meth:`host_weights`: the same float64 values from one
+        host read instead of a few small ops per lane."""
+        if ops.host_reads_free(chain.target) and chain.target.shape[0] <= HOST_WEIGHT_ROWS:
+            return self.host_weights(chain)
+        return self.chain_weights(chain)
+
+    def host_weights(self, chain: ChainRound) -> torch.Tensor:
+        """:meth:`chain_weights` by a host loop over the lanes: each step the same float64
+        product, then :meth:`capped_value` (a comparison and a quotient, as :meth:`capped`)."""
+        target_x = chain.target[:, :-1].gather(2, chain.draft_tokens[..., None]).squeeze(-1)
+        draft_x = self.drafted_mass(chain)  # [B, γ]
+        both = torch.stack([target_x.to(torch.float64), draft_x.to(torch.float64)], 1)
+        rows = []
+        for target_row, draft_row in both.tolist():  # [2, γ] per row: the host read
+            weight, row = 1.0, [1.0]
+            for p_x, q_x in zip(target_row, draft_row, strict=True):
+                weight = self.capped_value(weight * p_x, q_x)
+                row.append(weight)
+            rows.append(row)
+        return torch.tensor(rows, dtype=torch.float64, device=target_x.device)  # [B, γ + 1]
 
     # ------------------------------------------------------------------ the hot path
     def chain_weights(self, chain: ChainRound) -> torch.Tensor:
@@ -322,7 +355,7 @@ class BlockChain:
         """The verdicts: ``tau`` from the gathered weights and row masses, then one stop row."""
         batch_size, gamma = chain.draft_tokens.shape
         rows = torch.arange(batch_size, device=chain.target.device)  # [B]
-        weights = self.chain_weights(chain)  # [B, γ + 1]
+        weights = self.weights(chain)  # [B, γ + 1]
         tau = self.choose_tau(chain, self.acceptances(chain, weights, noise), noise)  # [B]
         target = take_rows(chain.target, tau)  # [B, V]
         lane = tau.clamp_max(gamma - 1)  # [B] (a padding lane at the end: never chosen)
@@ -343,6 +376,11 @@ class TraversalChain(BlockChain):
     def capped(self, scaled: torch.Tensor, draft_x: torch.Tensor) -> torch.Tensor:
         """The traversal ``reweigh`` rule: 0 if ``q(x) = 0``, else ``min(1, w p(x) / q(x))``."""
         return torch.where(draft_x > 0, super().capped(scaled, draft_x), 0.0)
+
+    @staticmethod
+    def capped_value(scaled: float, draft_x: float) -> float:
+        """:meth:`capped` of one row and lane, on the host."""
+        return BlockChain.capped_value(scaled, draft_x) if draft_x > 0 else 0.0
 
     def acceptance(self, mass: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """``S / (S + 1 - w)`` where ``S > 0``, else 0 (the node is deleted)."""

@@ -624,17 +624,58 @@ def test_mutants_of_the_rule_engines_are_caught(case: tuple[str, Any]) -> None:
 
 
 class DenseBlock(R.BlockChain):
-    """Block with every inner node's mass (the accelerators' sync-free route)."""
+    """Block with every inner node's mass and the weights by tensor ops (the accelerators'
+    sync-free route)."""
 
     def masses(self, chain: Any, weights: Any, noise: Any) -> Any:
         return self.row_masses(chain, weights)
+
+    def weights(self, chain: Any) -> Any:
+        return self.chain_weights(chain)
 
 
 class DenseTraversal(R.TraversalChain):
-    """Traversal with every inner node's mass."""
+    """Traversal with every inner node's mass and the weights by tensor ops."""
 
     def masses(self, chain: Any, weights: Any, noise: Any) -> Any:
         return self.row_masses(chain, weights)
+
+    def weights(self, chain: Any) -> Any:
+        return self.chain_weights(chain)
+
+
+class RoundedHostWeights(R.BlockChain):
+    """Mutant: the host loop rounds each weight to float32 (one rounding more than the ops)."""
+
+    @staticmethod
+    def capped_value(scaled: float, draft_x: float) -> float:
+        return float(np.float32(R.BlockChain.capped_value(scaled, draft_x)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_host_weights_equal_the_tensor_weights_bit_for_bit(dtype: torch.dtype) -> None:
+    """The CPU's host loop over the lanes (small batches) and the sync-free tensor ops give the
+    same float64 weights, with zero draft masses, ratios above 1 and point-mass drafts among
+    the lanes; a host loop with one more rounding is caught."""
+    g = torch.Generator().manual_seed(5)
+    batch, gamma, vocab = 12, 8, 6
+    target = torch.softmax(3 * torch.randn(batch, gamma + 1, vocab, generator=g), -1)
+    draft = torch.softmax(3 * torch.randn(batch, gamma, vocab, generator=g), -1)
+    draft[:, :, 0] = 0  # token 0 has no draft mass: traversal's weight 0, block's cap
+    draft = draft / draft.sum(-1, keepdim=True)
+    tokens = torch.randint(0, vocab, (batch, gamma), generator=g)
+    lengths = torch.randint(0, gamma + 1, (batch,), generator=g)
+    assert batch <= R.HOST_WEIGHT_ROWS
+    for probs in (draft.to(dtype), None):
+        chain = C.chain_round(tokens, lengths, target.to(dtype), probs, dtype)
+        for engine in (R.BLOCK_CHAIN, R.TRAVERSAL_CHAIN):
+            host, tensor = engine.host_weights(chain), engine.chain_weights(chain)
+            assert host.dtype == tensor.dtype == torch.float64
+            assert torch.equal(host, tensor)
+            assert torch.equal(engine.weights(chain), host)  # the route the CPU takes
+        inner = ((tensor > 0) & (tensor < 1)).sum()
+        assert inner > 10  # weights strictly inside (0, 1): roundings to compare
+        assert not torch.equal(RoundedHostWeights().host_weights(chain), tensor)
 
 
 def test_the_sync_free_mass_route_is_pathwise_too() -> None:
