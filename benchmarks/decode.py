@@ -62,12 +62,15 @@ DELAYED = ss.Shape.delayed
 #: token of draft probability under 0.4 (no sklearn here: the threshold is not re-fitted).
 HF_DEFAULTS = "confidence=0.4"
 #: The library's own pick ("auto", docs/decoding.md), one configuration for every prompt: the
-#: int8 draft; at T = 0 chains stopped at draft confidence 0.4 (there the draft's top
-#: probability predicts acceptance) with transformers' heuristic lengths; at T > 0 two i.i.d.
-#: paths of 4 verified by specinfer (no confidence stop: a sampled token's own draft
-#: probability says little about its acceptance).
-AUTO_T0 = ("auto", "standard", CHAIN(5), "int8,confidence=0.4,heuristic")
-AUTO_T1 = ("auto", "specinfer", PATHS(2, 4), "int8")
+#: int8 draft with prompt lookup mixed in by rounds; at T = 0 chains stopped at draft confidence
+#: 0.4 (there the draft's top probability predicts acceptance) with transformers' heuristic
+#: lengths; at T > 0 chains of 6 (no confidence stop: a sampled token's own draft probability
+#: says little about its acceptance). Each was the fastest of ours in two full runs
+#: (results/decode-2026-12-05.md, and decode-grafted-2026-12-05.md at T = 0,
+#: decode-auto-t1-2026-12-05.md at T = 1, where "auto" was the previous pick, the rows
+#: "int8 confidence 0.4, heuristic" and "int8 specinfer paths(2, 4)" below).
+AUTO_T0 = ("auto", "standard", CHAIN(5), "int8,mixed,confidence=0.4,heuristic")
+AUTO_T1 = ("auto", "standard", CHAIN(6), "int8,mixed")
 OURS_T0 = [
     AUTO_T0,
     ("standard chain(4)", "standard", CHAIN(4), ""),
@@ -77,12 +80,7 @@ OURS_T0 = [
     ("int8 chain(20), confidence 0.4", "standard", CHAIN(20), "int8," + HF_DEFAULTS),
     ("int8 heuristic", "standard", CHAIN(5), "int8,heuristic"),
     ("int8 cost model", "standard", CHAIN(5), "int8,cost"),
-    (
-        "int8 mixed, confidence 0.4, heuristic",
-        "standard",
-        CHAIN(5),
-        "int8,mixed,confidence=0.4,heuristic",
-    ),
+    ("int8 confidence 0.4, heuristic", "standard", CHAIN(5), "int8,confidence=0.4,heuristic"),
     (
         "int8 grafted, confidence 0.4, heuristic",
         "nss",
@@ -98,7 +96,7 @@ OURS_T1 = [
     ("int8 chain(20), confidence 0.4", "standard", CHAIN(20), "int8," + HF_DEFAULTS),
     ("int8 heuristic", "standard", CHAIN(5), "int8,heuristic"),
     ("int8 cost model", "standard", CHAIN(5), "int8,cost"),
-    ("int8 mixed chain(6)", "standard", CHAIN(6), "int8,mixed"),
+    ("int8 specinfer paths(2, 4)", "specinfer", PATHS(2, 4), "int8"),
     ("int8 grafted chain(6)", "nss", CHAIN(6), "int8,graft"),
     ("int8 traversal delayed(2, 3, 2)", "traversal", DELAYED(2, trunk=3, branch=2), "int8"),
     ("int8 traversal paths(2, 4)", "traversal", PATHS(2, 4), "int8"),

@@ -380,8 +380,9 @@ class MixedDraft(Drafter):
       and the target scores both drafters' guesses in its one forward. Such a tree mixes draw
       laws (sampled branches beside a deterministic one; the drafted part's law depends on the
       context alone), and is drawn apart from the verifier's noise: ``nss`` is exact for it,
-      as for every such tree. The other tree verifiers need their candidates drawn by one law
-      (i.i.d. or without replacement from ``q``), which a lookup branch is not, and keyed
+      as for every such tree. The other tree verifiers need their candidates drawn by one
+      sampled law (i.i.d. or without replacement from ``q``, or their own drafting law), which a
+      lookup branch is not (the exact engine finds each biased on such trees), and keyed
       couplings draft by their race on a fixed plan: all are refused before the first forward.
       At temperature 0 every scheme verifies the same way (accept while the token is the
       target's argmax), so ``nss`` loses nothing there.
