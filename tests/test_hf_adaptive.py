@@ -69,16 +69,14 @@ CHAIN_SCHEMES = [
 
 
 # ----------------------------------------------------------------------------- exact engine
-def stopping_round_law(scheme, pair, max_length, stop, prefix, drop=False):
-    """Exact law of one round whose chain grows token by token from the draft and ends after
-    the first token ``x`` with ``stop(prefix, path)`` (or at ``max_length``); ``drop``: the
-    mutant that removes that last token again."""
+def round_law(scheme, pair, prefix, tree_of):
+    """Exact law of one round's emitted tokens after ``prefix``: a chain grows token by token
+    from the draft until ``tree_of(path)`` gives the tree to verify (``None``: draw on)."""
     law = {}
 
     def grow(path, weight):
-        if path and (len(path) == max_length or stop(prefix, path)):
-            kept = path[:-1] if drop and len(path) > 1 and len(path) < max_length else path
-            tree = DraftTree.chain(kept, law="iid")
+        tree = tree_of(path)
+        if tree is not None:
             for verdict, prob in scheme.verdict_law(tree, *tables(pair, tree, prefix)).items():
                 emitted = (*tree.prefix(verdict.node), verdict.token)
                 law[emitted] = law.get(emitted, 0) + weight * prob
@@ -92,15 +90,16 @@ def stopping_round_law(scheme, pair, max_length, stop, prefix, drop=False):
     return law
 
 
-def stopping_stream_error(scheme, pair, stop, length=3, drop=False):
-    """Max deviation of the first ``length`` emitted tokens' law from the target's."""
+def stream_error(pair, round_law_after, length=3):
+    """Max deviation of the first ``length`` emitted tokens' law from the target's, rounds
+    after rounds, each round's law ``round_law_after(context)``."""
     rounds = {}
 
     def after(context, remaining):
         if remaining == 0:
             return {(): 1}
         if context not in rounds:
-            rounds[context] = stopping_round_law(scheme, pair, 3, stop, context, drop)
+            rounds[context] = round_law_after(context)
         out = {}
         for emitted, prob in rounds[context].items():
             if len(emitted) >= remaining:
@@ -112,6 +111,27 @@ def stopping_stream_error(scheme, pair, stop, length=3, drop=False):
 
     law, target = after((), length), target_joint(pair, length)
     return max(abs(law.get(s, 0) - target.get(s, 0)) for s in {*law, *target})
+
+
+def stopping_round_law(scheme, pair, max_length, stop, prefix, drop=False):
+    """Exact law of one round whose chain ends after the first token ``x`` with
+    ``stop(prefix, path)`` (or at ``max_length``); ``drop``: the mutant that removes that last
+    token again."""
+
+    def tree_of(path):
+        if path and (len(path) == max_length or stop(prefix, path)):
+            kept = path[:-1] if drop and len(path) > 1 and len(path) < max_length else path
+            return DraftTree.chain(kept, law="iid")
+        return None
+
+    return round_law(scheme, pair, prefix, tree_of)
+
+
+def stopping_stream_error(scheme, pair, stop, length=3, drop=False):
+    """Max deviation of the first ``length`` emitted tokens' law from the target's."""
+    return stream_error(
+        pair, lambda context: stopping_round_law(scheme, pair, 3, stop, context, drop), length
+    )
 
 
 def low_confidence(pair):
@@ -162,48 +182,21 @@ def grafted_round_law(scheme, pair, prefix, law=None, depth=2):
     """Exact law of one round whose tree is a sampled chain of ``depth`` from the draft with
     :func:`guessed` grafted beside it (:func:`graft`, the decoder's own); ``law``: the mutant
     that labels the grafted tree with a law the scheme takes."""
-    rounds = {}
 
-    def grow(path, weight):
-        if len(path) == depth:
-            drafted = DraftTree.from_draws(list(enumerate(path)), law="iid")
-            proposal = Proposal(ssg.TreeBatch.from_trees([drafted]))
-            tree = graft(proposal, [guessed(prefix, pair.vocab_size)]).tree.to_trees()[0]
-            if law is not None:
-                tree = DraftTree(tree.parents, tree.tokens, tree.candidates, law)
-            for verdict, prob in scheme.verdict_law(tree, *tables(pair, tree, prefix)).items():
-                emitted = (*tree.prefix(verdict.node), verdict.token)
-                rounds[emitted] = rounds.get(emitted, 0) + weight * prob
-            return
-        draft = pair.draft(prefix + tuple(path))
-        for token in range(pair.vocab_size):
-            if draft[token] > 0:
-                grow([*path, token], weight * draft[token])
+    def tree_of(path):
+        if len(path) < depth:
+            return None
+        drafted = DraftTree.from_draws(list(enumerate(path)), law="iid")
+        proposal = Proposal(ssg.TreeBatch.from_trees([drafted]))
+        tree = graft(proposal, [guessed(prefix, pair.vocab_size)]).tree.to_trees()[0]
+        return tree if law is None else DraftTree(tree.parents, tree.tokens, tree.candidates, law)
 
-    grow([], 1)
-    return rounds
+    return round_law(scheme, pair, prefix, tree_of)
 
 
 def grafted_stream_error(scheme, pair, law=None, length=3):
     """Max deviation of the first ``length`` emitted tokens' law from the target's."""
-    rounds = {}
-
-    def after(context, remaining):
-        if remaining == 0:
-            return {(): 1}
-        if context not in rounds:
-            rounds[context] = grafted_round_law(scheme, pair, context, law)
-        out = {}
-        for emitted, prob in rounds[context].items():
-            if len(emitted) >= remaining:
-                out[emitted[:remaining]] = out.get(emitted[:remaining], 0) + prob
-                continue
-            for tail, tail_prob in after(context + emitted, remaining - len(emitted)).items():
-                out[emitted + tail] = out.get(emitted + tail, 0) + prob * tail_prob
-        return out
-
-    law_of, target = after((), length), target_joint(pair, length)
-    return max(abs(law_of.get(s, 0) - target.get(s, 0)) for s in {*law_of, *target})
+    return stream_error(pair, lambda context: grafted_round_law(scheme, pair, context, law), length)
 
 
 def test_nss_is_exact_for_grafted_trees():
