@@ -217,14 +217,18 @@ class BlockChain:
             return self.host_weights(chain)
         return self.chain_weights(chain)
 
+    def drafted_pair(self, chain: ChainRound) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(p_i(x_i), q_i(x_i))`` of every lane, ``[B, γ]`` each, float64: what the chain
+        weights are formed from."""
+        target_x = chain.target[:, :-1].gather(2, chain.draft_tokens[..., None]).squeeze(-1)
+        return target_x.to(torch.float64), self.drafted_mass(chain).to(torch.float64)
+
     def host_weights(self, chain: ChainRound) -> torch.Tensor:
         """:meth:`chain_weights` by a host loop over the lanes: each step the same float64
         product, then :meth:`capped_value` (a comparison and a quotient, as :meth:`capped`)."""
-        target_x = chain.target[:, :-1].gather(2, chain.draft_tokens[..., None]).squeeze(-1)
-        draft_x = self.drafted_mass(chain)  # [B, γ]
-        both = torch.stack([target_x.to(torch.float64), draft_x.to(torch.float64)], 1)
+        target_x, draft_x = self.drafted_pair(chain)  # [B, γ] each
         rows = []
-        for target_row, draft_row in both.tolist():  # [2, γ] per row: the host read
+        for target_row, draft_row in torch.stack([target_x, draft_x], 1).tolist():  # host read
             weight, row = 1.0, [1.0]
             for p_x, q_x in zip(target_row, draft_row, strict=True):
                 weight = self.capped_value(weight * p_x, q_x)
@@ -236,9 +240,7 @@ class BlockChain:
     def chain_weights(self, chain: ChainRound) -> torch.Tensor:
         """``w [B, γ + 1]`` float64, ``w_0 = 1``, :math:`w_{i+1}` from :math:`w_i p_i(x_i)` and
         :math:`q_i(x_i)` (lanes past a row's end: never read)."""
-        target_x = chain.target[:, :-1].gather(2, chain.draft_tokens[..., None]).squeeze(-1)
-        target_x = target_x.to(torch.float64)  # [B, γ]
-        draft_x = self.drafted_mass(chain).to(torch.float64)  # [B, γ]
+        target_x, draft_x = self.drafted_pair(chain)  # [B, γ] each
         columns = [torch.ones_like(target_x[:, 0])]  # [B] each
         for lane in range(chain.draft_tokens.shape[1]):
             columns.append(self.capped(columns[-1] * target_x[:, lane], draft_x[:, lane]))
