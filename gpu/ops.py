@@ -16,7 +16,9 @@ each row. No host synchronisation, no loop over rows or the vocabulary.
 * :func:`host_reads_free` -- whether a CPU route may read the device (a CPU tensor, eager).
 * :func:`argmax_blocks` -- ``torch.argmax`` over the last axis in the same two levels (block
   maxima, then one block): the same index, several times faster on CPU; :func:`max_off_token`,
-  the largest entry of a row but one token's, the same way.
+  the largest entry of a row but one token's, the same way; :func:`topk_blocks`, the ``m``
+  largest values of every row (``torch.topk``'s values) from the ``m`` blocks with the largest
+  maxima.
 
 Dtype rule: distributions are computed in :func:`compute_dtype` (float64 for float64 input, at
 least float32 otherwise); uniforms are float64 and every comparison with them is in float64.
@@ -28,6 +30,7 @@ reference's own sequence of roundings.
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
@@ -362,6 +365,48 @@ def _block_maxima(rows: torch.Tensor) -> torch.Tensor:
     if full < vocab:
         maxima = torch.cat([maxima, rows[:, full:].amax(-1, keepdim=True)], -1)
     return maxima
+
+
+def topk_blocks(rows: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""The ``m`` largest values of every row of ``rows [N, V]``, decreasing, with token ids
+    holding them (distinct; which of several equal values is unspecified, as for
+    :func:`torch.topk`): ``(values [N, m], index [N, m])``, ``values`` equal to
+    ``torch.topk(rows, m).values``.
+
+    Two levels: the maxima of consecutive blocks of ``s`` tokens (one vectorised read of the
+    rows; ``s`` a power of two near :math:`2\sqrt{V / m}`, 16 to 128), the ``m`` blocks with the
+    largest maxima (any of equal ones), and ``torch.topk`` over their ``m s`` entries and the
+    ragged tail's. Exact: if the ``j``-th largest entry :math:`e_j` (``j <= m``) lies in a block
+    left out, each of the ``m`` chosen blocks holds a maximum of at least :math:`e_j`, so the
+    candidates hold ``m`` entries of at least every value the top ``m`` has; the candidates being
+    a subset of the row, their ``i``-th largest is then the row's for every ``i <= m``. On the CPU
+    ``torch.topk`` works row by row over the whole vocabulary: this is 2-3x faster at
+    ``V >= 32,000`` and ``m`` near 50. Falls back to ``torch.topk`` when the blocks would not
+    narrow the rows (fewer than ``4 m`` whole blocks).
+
+    >>> rows = torch.arange(1000.0).flip(0)[None, :]  # 999, 998, ..., 0
+    >>> values, index = topk_blocks(rows, 3)
+    >>> values.tolist(), index.tolist()
+    ([[999.0, 998.0, 997.0]], [[0, 1, 2]])
+    """
+    num_rows, vocab = rows.shape
+    block = 1 << max(4, min(7, round(math.log2(2 * math.sqrt(vocab / max(m, 1))))))
+    whole = vocab // block
+    if m < 1 or whole < 4 * m or num_rows == 0:
+        return torch.topk(rows, m, dim=-1)
+    rows = rows.contiguous()
+    full = whole * block
+    blocks = rows[:, :full].view(num_rows, whole, block)  # [N, nb, s]
+    chosen = blocks.amax(-1).topk(m, dim=-1).indices  # [N, m]
+    offsets = torch.arange(num_rows, device=rows.device)[:, None] * whole  # [N, 1]
+    flat = blocks.reshape(num_rows * whole, block)  # [N nb, s], a view
+    candidates = flat.index_select(0, (chosen + offsets).flatten()).view(num_rows, m * block)
+    if full < vocab:  # the ragged tail: always a candidate
+        candidates = torch.cat([candidates, rows[:, full:]], -1)  # [N, m s + tail]
+    values, position = candidates.topk(m, dim=-1)  # [N, m] each
+    slot = torch.div(position, block, rounding_mode="floor").clamp_max(m - 1)  # [N, m]
+    in_block = chosen.gather(-1, slot) * block + position % block  # [N, m]
+    return values, torch.where(position < m * block, in_block, position - m * block + full)
 
 
 def max_off_token(rows: torch.Tensor, token: torch.Tensor) -> torch.Tensor:

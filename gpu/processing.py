@@ -23,18 +23,26 @@ How each step is computed:
   ``T = 1``, ``softmax(x / T)`` for a host-known ``T > 1`` (no overflow is possible), otherwise
   ``(x - max x) / T`` in place and then the softmax in place (a tiny temperature cannot overflow
   to ``inf - inf``). ``T = 0`` rows become one-hots in place.
-* **Top-k alone below float64** (top-p off and a host-known largest ``k < V`` on every row):
-  no softmax of the whole row. ``torch.topk`` of the *logits* gives the ``k + 1`` largest; the
-  first ``k`` are kept, each with probability :math:`e^{(\ell - \max \ell) / T} / Z`, ``Z`` the
-  sum over the kept ones, every other token 0. A row whose ``k``-th and ``k + 1``-th logits are
-  equal keeps, of the tied tokens, the lowest ids (one host read finds those rows; with
-  ``validate=False`` on an accelerator every row is done by that threshold rule, bit for bit the
-  same). Ranking by the logits and not by the float32 probabilities differs from the reference
-  only where two distinct logits round to one float32 probability (a tie the reference breaks
-  by id), and the values differ from the other routes' by rounding only.
-* **Top-k and top-p, ``validate=True``** (the default): a partial sort. ``torch.topk(m)`` gives
-  the first ``m`` *values* of the stable ranking exactly (its order among equal values does not
-  matter: equal values are interchangeable in a cumulative sum), so their cumulative masses are
+* **Top-k below float64, with or without top-p** (a host-known largest ``k < V`` on every
+  row): no softmax of the whole row. :func:`~specsampling.gpu.ops.topk_blocks` of the *logits*
+  (``torch.topk``'s values from the blocks with the largest maxima) gives the ``k + 1``
+  largest; the first ``k`` are kept, each with probability :math:`e^{(\ell - \max \ell) / T} / Z`,
+  ``Z`` the sum over the kept ones, every other token 0. With top-p on, the kept ones are the
+  first ``r <= k``: top-p inside :math:`K` needs only :math:`p_K = p / p(K)`, the top-``k``
+  set's own distribution, which those ``k`` weights give (:func:`_nucleus_count`, in the
+  integer units of the dtype rule). A row whose last kept and next logits are equal keeps, of
+  the tied tokens, the lowest ids (one host read finds those rows; with ``validate=False`` on an
+  accelerator every row is done by that threshold rule, bit for bit the same). Ranking by the
+  logits and not by the float32 probabilities differs from the reference only where two distinct
+  logits round to one float32 probability (a tie the reference breaks by id), the masses of
+  :math:`p_K` from those of the whole-row softmax of the other routes only by rounding (so the
+  kept tokens only where a mass-before lies within float32 rounding of the threshold), and the
+  values by rounding only.
+* **Top-k and top-p otherwise, ``validate=True``** (the default; float64, or some row with
+  ``k >= V``): a partial sort. ``torch.topk(m)`` (for small ``m`` by
+  :func:`~specsampling.gpu.ops.topk_blocks`, the same values) gives the first ``m`` *values* of
+  the stable ranking exactly (their order among equal values does not matter: equal values are
+  interchangeable in a cumulative sum), so their cumulative masses are
   the full sort's first ``m`` (in float64 bit for bit in the same sequential order; below
   float64 exactly, the masses being integers, see the dtype rule). A row is decided from them
   when its threshold ``top_p * p(K)`` is known and every rank from ``m`` on is dropped
@@ -61,10 +69,10 @@ How each step is computed:
   guess fell short goes to the full sort. One more host read: the widest row's count.
 * **Top-k and top-p, ``validate=False``**: on the CPU, where reading a value needs no device
   synchronisation (:func:`_reads_are_free`), exactly the routes above, only the value checks
-  skipped. On an accelerator no host read at all, so no row can be sent to the fallback: top-k
-  alone with a host-known largest ``k < V`` takes ``torch.topk`` and a threshold; anything with
-  top-p takes the full stable sort of every row (the same tokens as above, bit for bit, only
-  slower).
+  skipped. On an accelerator no host read at all, so no row can be sent to the fallback: below
+  float64 a host-known largest ``k < V`` takes the top-k route above (its sync-free threshold
+  rule); anything else with top-p takes the full stable sort of every row (the same tokens as
+  above, bit for bit, only slower).
 * **Zeroing.** The dropped tokens are zeroed in place, ``p * (p >= v)`` chunk by chunk of rows
   through one reused buffer (``v`` the last kept value), then the rows cut inside a tie group by
   their own masks; the result is divided by its row sums.
@@ -79,16 +87,18 @@ whose sums do not depend on the order).
 
 Dtype rule: float64 logits are processed and returned in float64, with the reference's
 arithmetic; float32, float16 and bfloat16 logits are processed and returned in **float32**
-(bf16/fp16 are upcast first), with the fused softmax, except top-k alone, computed from the
-logits as above; integer logits are processed in float64, as the reference does. Below float64
-the top-p masses are **integers**: a token's mass is :math:`\lfloor p\,2^s \rfloor` with
-:math:`s = 62 - \mathrm{bit\_length}(V)` (:func:`_fixed`; :math:`2^{-47}` units at V = 32,000,
-so no ``int64`` sum can overflow), ``p(K)`` is the integer sum over the top-k set (the whole row
-with top-k off), and a rank is kept while its integer mass-before is below
+(bf16/fp16 are upcast first), with the fused softmax, except top-k (with or without top-p),
+computed from the logits as above; integer logits are processed in float64, as the reference
+does. Below float64 the top-p masses are **integers**: a token's mass is :math:`\lfloor p\,2^s
+\rfloor` with :math:`s = 62 - \mathrm{bit\_length}(V)` (:func:`_fixed`; :math:`2^{-47}` units at
+V = 32,000, so no ``int64`` sum can overflow), ``p(K)`` is the integer sum over the top-k set
+(the whole row with top-k off), and a rank is kept while its integer mass-before is below
 :math:`\lceil \mathrm{top\_p} \cdot p(K) \rceil` (the product in float64). Integer sums are exact
-in any order, so every route -- the radix select, the partial sort, the full sort, a parallel
-scan on an accelerator -- keeps the same tokens; they differ from the float64 reference's only
-where a mass-before lies within float32 rounding of the threshold.
+in any order, so every route over the softmax -- the radix select, the partial sort, the full
+sort, a parallel scan on an accelerator -- keeps the same tokens; they differ from the float64
+reference's only where a mass-before lies within float32 rounding of the threshold. The top-k
+route counts the masses of :math:`p_K` (its ``p(K)`` is ``2^s`` less rounding), the same on every
+device.
 """
 
 from __future__ import annotations
@@ -146,8 +156,9 @@ def process(
         Float64 for float64 (or integer) logits, float32 for float32 / float16 / bfloat16 logits.
         Float64 keeps the reference's tokens; below float64 top-p counts masses in integer
         units of ``2 ** -(62 - bit_length(V))`` (the module docstring's dtype rule), so every
-        route and device keeps the same tokens, which differ from float64's only where a
-        cumulative mass lies within float32 rounding of the threshold.
+        device keeps the same tokens, which differ from float64's only where a cumulative mass
+        lies within float32 rounding of the threshold. With a known ``k < V`` on every row,
+        top-p is counted inside the top-``k`` set (the same tokens up to that rounding).
 
     Raises
     ------
@@ -184,9 +195,9 @@ def process(
     greedy = (temperature.rows == 0)[:, None]  # [R, 1]
     if temperature.host and temperature.host_max == 0:  # greedy on every row
         return _one_hot_argmax(x).reshape(logits.shape)
-    if not exact and _top_k_alone(top_k, top_p, vocab_size):
+    if not exact and _small_top_k(top_k, vocab_size):
         sync_free = not (validate or _reads_are_free(x.device))
-        probs = _top_k_logits(x, temperature, greedy, top_k, sync_free)  # [R, V], normalised
+        probs = _top_k_logits(x, temperature, greedy, top_k, top_p, sync_free)  # [R, V]
     else:
         probs = _softmax(x, temperature, greedy)  # [R, V], a new tensor
         kept = _keep(probs, top_k, top_p, validate)  # or None: every token kept
@@ -219,9 +230,9 @@ def _plain_softmax(logits: Any, temperature: Any, top_k: Any, top_p: Any) -> boo
     )
 
 
-def _top_k_alone(top_k: _Parameter, top_p: _Parameter, vocab_size: int) -> bool:
-    """Whether top-k is on with a host-known largest ``k < V`` and top-p off on every row."""
-    return top_k.host and top_k.host_max < vocab_size and top_p.host and top_p.host_min == math.inf
+def _small_top_k(top_k: _Parameter, vocab_size: int) -> bool:
+    """Whether top-k is on with a host-known largest ``k < V`` on every row (top-p anything)."""
+    return top_k.host and top_k.host_max < vocab_size
 
 
 def _top_k_logits(
@@ -229,25 +240,32 @@ def _top_k_logits(
     temperature: _Parameter,
     greedy: torch.Tensor,
     top_k: _Parameter,
+    top_p: _Parameter,
     sync_free: bool,
 ) -> torch.Tensor:
-    """Top-k alone below float64 (``[R, V]``, normalised): no softmax of the whole row.
+    """Top-k, then top-p within it, below float64 (``[R, V]``, normalised): no softmax of the
+    whole row.
 
-    ``torch.topk`` of the logits gives each row's ``k_max + 1`` largest values; the kept ones are
-    the first ``k`` (ties to the lower ids), each with :func:`_kept_probs` of its logit, every
-    other token 0. A row whose ``k``-th and ``k + 1``-th logits are equal has its kept tokens
-    chosen by :func:`_top_k_from_kth` (all above the ``k``-th, then the tied ones by id); only
-    those rows, found by one host read, unless ``sync_free``, where every row is done that way.
+    :func:`~specsampling.gpu.ops.topk_blocks` of the logits gives each row's ``k_max + 1``
+    largest values; the kept ones are the first ``k`` (ties to the lower ids), or with top-p on
+    the first ``r`` of them (:func:`_nucleus_count`: top-p inside ``K`` only needs ``K``'s own
+    probabilities), each with :func:`_kept_probs` of its logit, every other token 0. A row whose
+    last kept and next logits are equal has its kept tokens chosen by :func:`_top_k_from_kth`
+    (all above the last kept value, then the tied ones by id); only those rows, found by one host
+    read, unless ``sync_free``, where every row is done that way.
     """
     vocab_size = x.shape[-1]
     counts = top_k.rows.clamp(max=vocab_size).to(torch.int64)[:, None]  # [R, 1]
     size = int(top_k.host_max) + 1  # <= V
-    values, index = torch.topk(x, size, dim=-1)  # [R, m] each, values decreasing
+    values, index = ops.topk_blocks(x, size)  # [R, m] each, values decreasing
     ranks = torch.arange(size, device=x.device)  # [m]
     divisor = _divisor(x, temperature, greedy)  # [R, 1]
     highest = values[:, :1]  # [R, 1] the row maximum
-    kth = values.gather(-1, counts - 1)  # [R, 1]
     weights = _kept_probs(values, highest, divisor, None)  # [R, m] unnormalised
+    if not (top_p.host and top_p.host_min == math.inf):  # top-p on some row: r <= k tokens
+        masses = torch.where(top_p.rows >= 1, math.inf, top_p.rows.to(torch.float64))  # [R]
+        counts = _nucleus_count(weights, counts, masses, vocab_size)  # [R, 1]
+    kth = values.gather(-1, counts - 1)  # [R, 1]
     total = torch.where(ranks < counts, weights, 0.0).sum(-1, keepdim=True)  # [R, 1]
     if sync_free:
         keep = _top_k_from_kth(x, counts[:, 0], kth)  # [R, V]
@@ -262,6 +280,27 @@ def _top_k_logits(
         keep = _top_k_from_kth(x[at], counts[at, 0], kth[at])  # [U, V]
         probs[at] = torch.where(keep, _kept_probs(x[at], highest[at], divisor[at], total[at]), 0.0)
     return probs
+
+
+def _nucleus_count(
+    weights: torch.Tensor, counts: torch.Tensor, masses: torch.Tensor, vocab_size: int
+) -> torch.Tensor:
+    r"""How many of the first ``counts [R, 1]`` ranks top-p keeps, ``[R, 1]`` (at least 1).
+
+    ``weights [R, m]`` are the ranked top-``k`` tokens' unnormalised probabilities (decreasing,
+    :func:`_kept_probs`), ``masses [R]`` each row's ``top_p`` (``inf``: off, all ``k`` kept).
+    Top-p keeps a rank while the mass before it is below ``top_p`` of :math:`p(K)`, the same as
+    below ``top_p`` of :math:`p_K = p / p(K)`, the top-``k`` set's own distribution, which the
+    weights give without the rest of the row: :math:`p_K = w / \sum_K w` counted in
+    :func:`_fixed` units, the threshold :func:`_fixed_threshold` of their integer total."""
+    ranks = torch.arange(weights.shape[-1], device=weights.device)  # [m]
+    in_k = ranks < counts  # [R, m]
+    kept = torch.where(in_k, weights, 0.0)  # [R, m]
+    units = _fixed(kept / kept.sum(-1, keepdim=True), vocab_size)  # [R, m], the largest is 1
+    cumulative = units.cumsum(-1)  # [R, m], exact
+    threshold = _fixed_threshold(masses, cumulative[:, -1])  # [R]
+    kept_ranks = in_k & (cumulative - units < threshold[:, None])  # [R, m], a prefix
+    return kept_ranks.sum(-1, keepdim=True).clamp_min(1)  # [R, 1]
 
 
 def _kept_probs(
@@ -344,8 +383,9 @@ def _keep(
     a host-known largest ``k < V``; for top-p alone in float64 :func:`_nucleus_candidates`),
     then the full stable sort of :func:`_keep_sorted` on each row the prefix cannot decide
     exactly (one host read says which). With ``validate=False`` on an accelerator (no host read
-    allowed): top-k alone with a host-known largest ``k < V`` by ``torch.topk`` and a threshold,
-    anything else with top-p by the full sort of every row. Parameters known on the host to be
+    allowed): top-k alone with a host-known largest ``k < V`` (float64 here: below it
+    :func:`_top_k_logits` takes that case) by the largest values and a threshold, anything else
+    with top-p by the full sort of every row. Parameters known on the host to be
     off on every row cost nothing.
     """
     vocab_size = probs.shape[-1]
@@ -365,7 +405,7 @@ def _keep(
             size = _prefix_size(vocab_size)
             if small_k:  # one more than the largest k: shows whether its ties go past it
                 size = min(size, int(top_k.host_max) + 1)
-            values = torch.topk(probs, size, dim=-1).values  # [R, size], decreasing
+            values = ops.topk_blocks(probs, size)[0]  # [R, size], decreasing
             valid = torch.full(counts.shape, size, device=probs.device)  # [R]
         return _top_p_with_fallback(probs, counts, masses, values, valid)
     if not use_p and small_k:
@@ -728,7 +768,7 @@ def _row_sum(values: torch.Tensor) -> torch.Tensor:
 
 def _top_k_by_threshold(probs: torch.Tensor, counts: torch.Tensor, k_max: int) -> torch.Tensor:
     """Top-k with ties to the lower ids (``[R, V]`` bool), by ``torch.topk`` and a threshold."""
-    top_values = torch.topk(probs, k_max, dim=-1).values  # [R, k_max], decreasing
+    top_values = ops.topk_blocks(probs, k_max)[0]  # [R, k_max], decreasing
     kth = top_values.gather(-1, (counts.clamp(max=k_max) - 1)[:, None])  # [R, 1]
     return _top_k_from_kth(probs, counts, kth)
 

@@ -1,7 +1,13 @@
 """``ops.argmax_blocks`` (block maxima, then one block) returns ``torch.argmax``'s index: the
-lowest index of each row's maximum, on ties, masked rows, NaN, every dtype and ragged tails."""
+lowest index of each row's maximum, on ties, masked rows, NaN, every dtype and ragged tails.
+``ops.topk_blocks`` (the blocks with the largest maxima, then ``torch.topk`` of their entries)
+returns ``torch.topk``'s values, with distinct ids holding them."""
 
 from __future__ import annotations
+
+import inspect
+import textwrap
+from unittest import mock
 
 import pytest
 import torch
@@ -74,3 +80,46 @@ def test_max_off_token_equals_the_masked_maximum(vocab_size):
         masked = rows.scatter(1, token[:, None], float("-inf")).amax(-1)
         assert torch.equal(ops.max_off_token(rows, token), masked), (vocab_size, seed)
         assert torch.equal(ops.max_off_token(rows.float(), token), masked.float())
+
+
+def check_topk_blocks(rows: torch.Tensor, m: int) -> None:
+    values, index = ops.topk_blocks(rows, m)
+    assert torch.equal(values, torch.topk(rows, m, dim=-1).values), (rows.shape, m)
+    assert torch.equal(rows.gather(-1, index), values)
+    assert all(len(set(row)) == m for row in index.tolist())  # distinct ids
+
+
+TOPK_CASES = [(v, m) for v in [5, 300, 1000, 5000, 32000, 32003, 151936] for m in [1, 3, 51, 200]]
+
+
+@pytest.mark.parametrize(("vocab_size", "m"), [(v, m) for v, m in TOPK_CASES if m <= v])
+def test_topk_blocks_equals_torch_topk(vocab_size, m):
+    """Ties across and inside blocks, -inf masks, flat rows, the maximum in the ragged tail."""
+    for dtype in [torch.float32, torch.float64]:
+        check_topk_blocks(tied_rows(vocab_size, 1).to(dtype), m)
+
+
+def test_topk_blocks_on_strided_rows_and_the_fallback():
+    table = torch.randn(6, 40_000)[:, 1:]  # rows not contiguous in memory, a ragged tail
+    check_topk_blocks(table, 50)
+    check_topk_blocks(table[::2], 7)
+    check_topk_blocks(torch.randn(3, 200), 60)  # too few blocks to narrow: torch.topk
+    values, index = ops.topk_blocks(torch.zeros(0, 5000), 4)
+    assert values.shape == index.shape == (0, 4)
+
+
+def test_topk_blocks_catches_a_one_block_short_mutant():
+    """Reading one block fewer than ``m`` (the first chosen block twice instead) loses a value
+    when the top ``m`` fill ``m`` blocks."""
+    source = textwrap.dedent(inspect.getsource(ops.topk_blocks))
+    old = "chosen = blocks.amax(-1).topk(m, dim=-1).indices"
+    assert old in source
+    namespace = dict(vars(ops))
+    mutant_source = source.replace(old, old + "\n    chosen[:, -1] = chosen[:, 0]")
+    exec(compile(mutant_source, "<mutant>", "exec"), namespace)
+    rows = torch.zeros(1, 4096)
+    rows[0, ::64] = torch.arange(64, 0, -1, dtype=torch.float32)  # one large value per block
+    check_topk_blocks(rows, 5)
+    with mock.patch.object(ops, "topk_blocks", namespace["topk_blocks"]):
+        with pytest.raises(AssertionError):
+            check_topk_blocks(rows, 5)

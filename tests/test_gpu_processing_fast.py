@@ -15,7 +15,9 @@ Checked here, with ``m`` patched small so that every branch runs at small vocabu
   overflows nor loses the greedy rows;
 * top-k alone below float64 (from the logits, no full softmax) keeps the reference's tokens,
   its two routes (top-k indices after one host read; the threshold rule, sync-free) agree bit
-  for bit, and a route keeping one token too many is caught.
+  for bit, and a route keeping one token too many is caught; the same for top-k with top-p
+  (top-p counted inside the top-k set), where only cuts within float32 rounding of ``top_p``
+  may differ from the reference.
 """
 
 from __future__ import annotations
@@ -575,6 +577,122 @@ def test_float32_top_k_count_mutant_is_caught(monkeypatch):
     monkeypatch.setattr(processing._Parameter, "parse", staticmethod(one_more))
     with pytest.raises(AssertionError):
         test_float32_top_k_alone_keeps_the_reference_tokens(40)
+
+
+# ----------------------------------------------------------------------------------------------
+# Top-k with top-p below float64: top-p inside the top-k set, from the logits
+
+
+def near_threshold(top_k_probs: np.ndarray, top_p: float, tol: float = 1e-6) -> bool:
+    """Whether a rank's mass-before in ``top_k_probs`` (the reference's top-k distribution
+    :math:`p_K`, float64, stable ranking) lies within ``tol`` of ``top_p``: a cut that float32
+    rounding may move."""
+    order = sorted(range(len(top_k_probs)), key=lambda i: (-top_k_probs[i], i))
+    ranked = top_k_probs[order]
+    before = np.concatenate([[0.0], np.cumsum(ranked[ranked > 0])[:-1]])
+    return bool((np.abs(before - top_p) <= tol).any())
+
+
+def check_top_k_with_top_p(x: torch.Tensor, temperature, top_k, top_p) -> tuple[int, int]:
+    """``process`` against the float64 reference row by row: a row keeps the reference's tokens
+    (and its values to float32 rounding) unless its cut lies within rounding of ``top_p``.
+    Returns (rows checked exactly, rows excused)."""
+    got = process(x, temperature, top_k, top_p).double().numpy()
+    rounded = x.double().numpy()
+    n = len(x)
+    temps, ks, ps = (v if isinstance(v, list) else [v] * n for v in (temperature, top_k, top_p))
+    exact = excused = 0
+    for row, logits, t, k, p in zip(got, rounded, temps, ks, ps, strict=True):
+        want = ss.process(logits, t, k, p)
+        if ((row > 0) == (want > 0)).all():
+            np.testing.assert_allclose(row, want, rtol=1e-5, atol=1e-7)
+            exact += 1
+        else:
+            assert p is not None and t > 0, (t, k, p)
+            assert near_threshold(ss.process(logits, t, k), p), (t, k, p)
+            excused += 1
+    return exact, excused
+
+
+@pytest.mark.parametrize("vocab_size", [6, 40, 300, 5000])
+def test_float32_top_k_with_top_p_keeps_the_reference_tokens(vocab_size, monkeypatch):
+    """Top-p inside a host-known top-k from the logits (no softmax of the whole row, no partial
+    sort): the reference's tokens on rows with ties at every boundary, per-row parameters
+    included; only cuts within float32 rounding of ``top_p`` may differ (none did when this was
+    written; at most a few are allowed)."""
+    calls = []
+    original = processing._nucleus_count
+    monkeypatch.setattr(processing, "_nucleus_count", lambda *a: calls.append(1) or original(*a))
+    monkeypatch.setattr(processing, "_keep", lambda *a: pytest.fail("the partial sort ran"))
+    x = top_k_rows(vocab_size, 3)
+    rng = np.random.default_rng([vocab_size, 3])
+    n = len(x)
+    per_row_t = rng.choice([0.0, 0.3, 1.0, 2.5], n).tolist()
+    per_row_p = [[None, 0.05, 0.3, 0.5, 0.9, 0.999][i] for i in rng.integers(0, 6, n)]
+    per_row_k = rng.integers(1, vocab_size, n).tolist()
+    exact = excused = 0
+    for temperature, k, p in [
+        (1.0, 3, 0.5),
+        (0.7, min(17, vocab_size - 1), 0.9),
+        (per_row_t, 5, per_row_p),
+        (per_row_t, per_row_k, per_row_p),
+        (1.0, vocab_size - 1, 0.3),
+    ]:
+        rows_exact, rows_excused = check_top_k_with_top_p(x, temperature, k, p)
+        exact, excused = exact + rows_exact, excused + rows_excused
+    assert len(calls) == 5
+    assert excused <= 0.02 * (exact + excused)
+
+
+def test_float32_top_k_with_top_p_routes_agree_bit_for_bit(monkeypatch):
+    """The CPU route (the cut rows after one host read) equals the sync-free route (every row by
+    the threshold rule) bit for bit, top-p cutting inside tie groups on some rows."""
+    x = top_k_rows(40, 4)
+    temperature = torch.tensor([0.0, 0.5, 1.0, 2.0] * (len(x) // 4))
+    cut = []
+    original = processing._top_k_from_kth
+    monkeypatch.setattr(
+        processing, "_top_k_from_kth", lambda *a: cut.append(a[0].shape[0]) or original(*a)
+    )
+    for k, p in [(9, 0.5), (20, 0.9), ([1, 4, 9, 39] * (len(x) // 4), [0.3, None, 0.9, 0.6] * 5)]:
+        fast = process(x, temperature, k, p)
+        assert torch.equal(process(x, temperature, k, p, validate=False), fast)
+        tolist = torch.Tensor.tolist
+        monkeypatch.setattr(torch.Tensor, "tolist", lambda self: pytest.fail("a host read"))
+        free = sync_free(x, temperature, k, p)
+        monkeypatch.setattr(torch.Tensor, "tolist", tolist)
+        assert torch.equal(free, fast), (k, p)
+    host_cuts = cut[::2]  # the host route's calls (the sync-free one passes every row)
+    assert any(0 < rows < len(x) for rows in host_cuts)
+
+
+def test_float32_top_k_with_top_p_one_more_mutant_is_caught(monkeypatch):
+    """Top-p keeping the first dropped rank of the top-k set too fails the reference check."""
+    original = processing._nucleus_count
+
+    def one_more(weights, counts, masses, vocab_size):
+        return torch.minimum(original(weights, counts, masses, vocab_size) + 1, counts)
+
+    monkeypatch.setattr(processing, "_nucleus_count", one_more)
+    with pytest.raises(AssertionError):
+        check_top_k_with_top_p(top_k_rows(300, 3), 1.0, 17, 0.5)
+
+
+def test_float32_top_k_with_top_p_agrees_with_float64():
+    """Random rows and per-row parameters with every ``k < V``: at most 1% of rows keep other
+    tokens than float64 (each a cut within float32 rounding of ``top_p``), the rest agree to
+    ``atol = 1e-6`` (plus ``rtol = 1e-4``)."""
+    rng = np.random.default_rng(11)
+    num_rows, vocab_size = 400, 2000
+    logits = torch.tensor(rng.normal(size=(num_rows, vocab_size)) * 3, dtype=torch.float32)
+    temperature = rng.choice([0.0, 0.5, 1.0, 1.5], num_rows)
+    top_k = rng.choice([1, 20, 300, vocab_size - 1], num_rows)
+    top_p = rng.choice([0.3, 0.8, 0.95, 1.0], num_rows)
+    low = process(logits, temperature, top_k, top_p).double().numpy()
+    high = process(logits.double(), temperature, top_k, top_p).numpy()
+    support = ((low > 0) != (high > 0)).any(axis=-1)
+    assert support.sum() <= 0.01 * num_rows
+    np.testing.assert_allclose(low[~support], high[~support], rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
