@@ -146,7 +146,8 @@ def interleaved_median_within(
 
 def machine_lines(load_before: tuple[float, ...], load_after: tuple[float, ...]) -> str:
     """Markdown bullet lines: platform, CPUs, versions, torch threads, load average (with a
-    warning when it exceeded half the CPU count: the numbers then measure contention)."""
+    warning when it exceeded half the CPU count: the numbers then measure contention), and the
+    glibc allocator setting when ``GLIBC_TUNABLES`` is set (it moves the CPU floors)."""
     import datetime
     import os
     import platform
@@ -176,6 +177,11 @@ def machine_lines(load_before: tuple[float, ...], load_after: tuple[float, ...])
             + ", ".join(f"{x:.2f}" for x in load_after)
             + warning,
         ]
+        + (
+            [f"- **allocator setting**: run with `GLIBC_TUNABLES={tunables}` (see docs/torch.md)"]
+            if (tunables := os.environ.get("GLIBC_TUNABLES"))
+            else []
+        )
     )
 
 
