@@ -54,12 +54,18 @@ How each step is computed:
   exactly the full sort's. ``m`` is the whole vocabulary up to 4,096 tokens, else
   ``max(4096, V // 8)``, or one more than a host-known largest ``k < V``. Which rows need the
   full sort is learnt by one host read, on top of validation's.
-* **Top-p alone below float64, ``validate=True``** (top-k off on every row, known on the host): a
-  radix select, exact, with no sort of the nucleus and no fallback (:func:`_keep_nucleus`): each
-  row's integer mass per float key (exponent and three mantissa bits) by one ``scatter_add``,
-  the key where the mass from the top reaches the threshold, and only that key's tokens (tens to
-  hundreds) gathered and sorted to find the last kept value. Host reads: the widest such key, and
-  the rows whose tie group at the last kept value is cut.
+* **Top-p alone below float64, ``validate=True``** (top-k off on every row, known on the host):
+  peaked rows first (:func:`_keep_top_p`): where the sums of the 64 heaviest 16-token blocks
+  reach ``top_p`` (so the nucleus may lie in the first 64 ranks), a partial sort of those ranks
+  by :func:`~specsampling.gpu.ops.topk_blocks` decides the row exactly by the rules below, the
+  row's integer total bounded from the same block sums (:func:`_fixed_total_band`; a rank
+  within the band's rounding of the threshold leaves the row undecided). Every other row goes to
+  a radix select, exact, with no sort of the nucleus and no fallback (:func:`_keep_nucleus`):
+  each row's integer mass per float key (exponent and three mantissa bits) by one
+  ``scatter_add``, the key where the mass from the top reaches the threshold, and only that
+  key's tokens (tens to hundreds) gathered and sorted to find the last kept value. Host reads:
+  whether any row is peaked, the prefix's flags, the widest boundary key, and the rows whose
+  tie group at the last kept value is cut.
 * **Top-p alone in float64, ``validate=True``**: the partial sort's values come from a radix
   select's first pass instead of ``torch.topk`` (:func:`_nucleus_candidates`): each row's mass
   per float key by one ``scatter_add``, the highest key at which ``top_p`` of the mass is
@@ -142,12 +148,13 @@ def process(
     validate : bool, default True
         Check the values of tensor inputs (NaN / +inf logits, all ``-inf`` rows, per-row tensor
         parameters), raising the reference's errors. This costs one host synchronisation, and
-        with top-k or top-p on one or two more, which let top-p alone below float64 run on a
-        radix select and top-k / top-p on a partial sort (rows it cannot decide go to the full
-        sort). With ``validate=False`` the call never synchronises with a device (for decoding
-        loops whose inputs are known to be valid; invalid values then give NaN rows): on an
-        accelerator top-p then takes the full sort (the same tokens, slower); on the CPU, where
-        host reads cost no synchronisation, it keeps the faster routes.
+        with top-k or top-p on one to four more, which let top-p alone below float64 run on a
+        partial sort of peaked rows and a radix select, and top-k / top-p on a partial sort
+        (rows it cannot decide go to the full sort). With ``validate=False`` the call never
+        synchronises with a device (for decoding loops whose inputs are known to be valid;
+        invalid values then give NaN rows): on an accelerator top-p then takes the full sort
+        (the same tokens, slower) unless a host-known ``k < V`` bounds it below float64; on the
+        CPU, where host reads cost no synchronisation, it keeps the faster routes.
         Python scalars and sequences are always checked, on the host, at no device cost.
 
     Returns
@@ -398,7 +405,7 @@ def _keep(
     masses = torch.where(top_p.rows >= 1, math.inf, top_p.rows.to(torch.float64))  # [R]
     if validate or _reads_are_free(probs.device):
         if use_p and not use_k and probs.dtype != torch.float64:
-            return _keep_nucleus(probs, masses)
+            return _keep_top_p(probs, counts, masses)
         if use_p and not use_k:  # float64 top-p alone: the candidates of a radix histogram
             values, valid = _nucleus_candidates(probs, masses)
         else:
@@ -473,25 +480,83 @@ def _top_p_with_fallback(
     masses: torch.Tensor,
     values: torch.Tensor,
     valid: torch.Tensor,
-) -> torch.Tensor:
-    """:func:`_top_p_prefix` on every row, then the full sort on the rows it leaves undecided
-    (the kept tokens). One host read: the rows' flags."""
-    last_value, num_kept, decided, partial = _top_p_prefix(probs, counts, masses, values, valid)
+    nucleus: bool = False,
+    band: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> _Kept:
+    """:func:`_top_p_prefix` on every row, then the rows it leaves undecided by the full sort,
+    or with ``nucleus`` (top-p alone below float64) by :func:`_keep_nucleus` (the kept tokens).
+    ``band``: the rows' :func:`_fixed_total_band`, if already formed. One host read: the rows'
+    flags."""
+    last_value, num_kept, decided, partial = _top_p_prefix(
+        probs, counts, masses, values, valid, band
+    )
     flags = torch.stack([~decided, partial & decided]).tolist()  # the host read
     tied_rows = [row for row, flag in enumerate(flags[1]) if flag]
     rows = [row for row, flag in enumerate(flags[0]) if flag]
     if not (tied_rows or rows):
         return _Kept(last_value)
-    masks = []
+    if nucleus and len(rows) == len(probs):  # no row decided: the radix select on the table
+        return _keep_nucleus(probs, masses)
+    masks, masked = [], list(tied_rows)
     if tied_rows:  # rare: the last kept value's tie group is cut; keep its lowest ids only
         index = torch.tensor(tied_rows, device=probs.device)  # [U]
         masks.append(_top_k_from_kth(probs[index], num_kept[index], last_value[index]))
-    if rows:  # the full sort decides these alone: no threshold
+    if rows and nucleus:  # the radix select decides these: its thresholds and cut rows
+        index = torch.tensor(rows, device=probs.device)  # [U]
+        kept = _keep_nucleus(probs[index], masses[index])
+        selected = kept.threshold  # [U, 1]; None: every token kept
+        if selected is None:
+            selected = last_value.new_full((len(rows), 1), -1.0)
+        last_value = last_value.index_copy(0, index, selected)  # [R, 1]
+        if kept.index is not None and kept.masks is not None:
+            masked += [rows[i] for i in kept.index.tolist()]
+            masks.append(kept.masks)
+    elif rows:  # the full sort decides these alone: no threshold
         index = torch.tensor(rows, device=probs.device)  # [U]
         masks.append(_keep_sorted(probs[index], counts[index], masses[index]))
         last_value = last_value.index_fill(0, index, -1.0)  # [R, 1]
-    index = torch.tensor(tied_rows + rows, device=probs.device)  # [U]
-    return _Kept(last_value, index, torch.cat(masks))
+        masked += rows
+    if not masks:
+        return _Kept(last_value)
+    return _Kept(last_value, torch.tensor(masked, device=probs.device), torch.cat(masks))
+
+
+#: Top-p alone below float64: the ranks a partial sort tries first on peaked rows
+#: (:func:`_keep_top_p`), and the block length of the bound that picks those rows.
+_PEAKED_PREFIX = 64
+_BOUND_BLOCK = 16
+
+
+def _top_mass_bound(sums: torch.Tensor, count: int) -> torch.Tensor:
+    """An upper bound on the mass of any ``count`` tokens of each row, ``[R]``, from the row's
+    block sums ``sums [R, nb]`` (:func:`_block_sums`): the sum of the ``count`` largest.
+    ``count`` tokens lie in at most ``count`` blocks, and tokens of one block weigh at most its
+    sum."""
+    return sums.topk(min(count, sums.shape[-1]), dim=-1).values.sum(-1)  # [R]
+
+
+def _keep_top_p(probs: torch.Tensor, counts: torch.Tensor, masses: torch.Tensor) -> _Kept:
+    """Top-p alone below float64 (the kept tokens): on **peaked** rows, whose nucleus may lie in
+    the first :data:`_PEAKED_PREFIX` ranks (:func:`_top_mass_bound` reaches ``top_p``, less a
+    margin for the row's own rounding), a partial sort of those ranks by
+    :func:`~specsampling.gpu.ops.topk_blocks` decides the row exactly (:func:`_top_p_prefix`, the
+    same integer masses); every other row, and one the prefix cannot decide, by the radix select
+    :func:`_keep_nucleus`. The same tokens either way; the prefix costs a block read and two
+    small ``topk`` where the radix select costs several integer passes and a histogram, and the
+    bound keeps flat rows (nuclei of thousands of tokens) from paying for a prefix that cannot
+    decide them. Host reads: whether any row is peaked, then the prefix's flags."""
+    vocab_size = probs.shape[-1]
+    if vocab_size <= 8 * _PEAKED_PREFIX or len(probs) == 0:
+        return _keep_nucleus(probs, masses)
+    sums = _block_sums(probs, _BOUND_BLOCK)  # [R, nb]
+    bound = _top_mass_bound(sums, _PEAKED_PREFIX).to(torch.float64)  # [R]
+    peaked = bound >= masses * (1 - 1e-3)  # [R]; top-p off (inf): False
+    if not bool(peaked.any()):  # the host read
+        return _keep_nucleus(probs, masses)
+    values = ops.topk_blocks(probs, _PEAKED_PREFIX)[0]  # [R, m], decreasing
+    valid = torch.full(counts.shape, _PEAKED_PREFIX, device=probs.device)  # [R]
+    band = _fixed_total_band(probs, sums, _BOUND_BLOCK)  # the row totals, from the same sums
+    return _top_p_with_fallback(probs, counts, masses, values, valid, nucleus=True, band=band)
 
 
 #: The radix keys of :func:`_nucleus_candidates`, per dtype: the signed integer of the same width
@@ -578,15 +643,37 @@ def _row_chunks(probs: torch.Tensor, elements: int | None = None) -> int:
     return min(max(1, len(probs)), max(1, elements // max(1, probs.shape[-1])))
 
 
-def _fixed_sums(probs: torch.Tensor) -> torch.Tensor:
-    """Each row's total in :func:`_fixed` units, ``int64 [R]``, chunk by chunk (no ``[R, V]``
-    int64 temporary)."""
-    step = _row_chunks(probs)
-    sums = [
-        _fixed(probs[start : start + step], probs.shape[-1]).sum(-1)
-        for start in range(0, len(probs), step)
-    ]
-    return torch.cat(sums) if sums else torch.zeros(0, dtype=torch.int64, device=probs.device)
+def _block_sums(probs: torch.Tensor, width: int) -> torch.Tensor:
+    """Sums of consecutive ``width``-token blocks of ``probs [R, V]``, the ragged tail one more
+    block, ``[R, nb]`` (one read of the rows)."""
+    vocab_size = probs.shape[-1]
+    full = vocab_size - vocab_size % width
+    sums = probs[:, :full].unflatten(-1, (full // width, width)).sum(-1)  # [R, V // width]
+    if full < vocab_size:
+        sums = torch.cat([sums, probs[:, full:].sum(-1, keepdim=True)], -1)
+    return sums
+
+
+def _fixed_total_band(
+    probs: torch.Tensor, sums: torch.Tensor | None = None, width: int = ops.CDF_BLOCK
+) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""Bounds ``(low, high)``, ``int64 [R]``, on each row's integer total
+    :math:`\sum_x \lfloor p(x)\,2^s \rfloor` (:func:`_fixed`) of ``probs [R, V]`` (float32), from
+    one read: the sums of ``width``-token blocks (:func:`_block_sums`, or ``sums`` already
+    formed), added in float64. A sum of non-negative floats errs by at most (terms - 1) units of
+    roundoff of itself in any order of addition, so a block sum by ``width`` :math:`\cdot 2^{-24}`
+    and the float64 total of ``nb`` blocks by :math:`nb \cdot 2^{-53}` (doubled for the products
+    below), and the truncations take off less than ``V`` units. Converting every entry to
+    ``int64`` instead (the exact total) costs several softmaxes on the CPU."""
+    vocab_size = probs.shape[-1]
+    if sums is None:
+        sums = _block_sums(probs, width)
+    sums = sums.to(torch.float64)  # [R, nb]
+    slack = 2 * (width * 2.0**-24 + sums.shape[-1] * 2.0**-53)
+    scaled = sums.sum(-1) * 2.0 ** _fixed_shift(vocab_size)  # [R]
+    high = torch.ceil(scaled * (1 + slack)) + 1  # [R]
+    low = torch.floor(scaled * (1 - slack)) - vocab_size - 1  # [R]
+    return low.clamp(0, 2.0**62).to(torch.int64), high.clamp(0, 2.0**62).to(torch.int64)
 
 
 def _keep_nucleus(probs: torch.Tensor, masses: torch.Tensor) -> _Kept:
@@ -674,6 +761,7 @@ def _top_p_prefix(
     masses: torch.Tensor,
     values: torch.Tensor,
     valid: torch.Tensor,
+    band: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     r"""Top-k then top-p from the first ranks of every row of ``probs [R, V]``.
 
@@ -687,8 +775,10 @@ def _top_p_prefix(
     order, below float64 exactly (integer :func:`_fixed` masses). A row is **decided** when its
     kept ranks are settled by them alone:
 
-    * the threshold ``top_p * p(K)`` is known: below float64 whenever ``k <= valid`` (``p(K)``
-      the prefix's integer sum) or ``k >= V`` (the row's, :func:`_fixed_sums`); in float64 when
+    * the threshold ``top_p * p(K)`` is known: below float64 exactly when ``k <= valid``
+      (``p(K)`` the prefix's integer sum), and for ``k >= V`` within the thresholds of the
+      bounds :func:`_fixed_total_band` puts on the row's integer total (a rank whose
+      mass-before lies between them leaves the row undecided); in float64 when
       ``k <= valid``, from the kept prefix padded with zeros, which is the reference's own ranked
       kept row, otherwise (``k >= V``) within a rigorous band around ``top_p`` times the
       token-order pairwise sum: both sums err by at most ``h u`` relative, ``h <= 25 + log2 V``
@@ -728,17 +818,18 @@ def _top_p_prefix(
         sure_out = mass_before >= high[:, None]  # [R, m]
         reached = cumulative[:, -1]  # [R]
         beyond = k_inside | (reached - 8 * unit * reached.clamp_min(1.0) >= high)  # [R]
-    else:  # integer masses: every sum exact, so every comparison decides
+    else:  # integer masses: every sum exact; p(K) exact, or banded where it is the row's
         units = _fixed(kept, vocab_size)  # [R, m]
         cumulative = units.cumsum(-1)  # [R, m]: the full sort's first `valid`, exactly
         mass_before = cumulative - units  # [R, m]
-        total = cumulative[:, -1]  # [R]: p(K) where k <= valid
+        low = high = cumulative[:, -1]  # [R]: p(K) where k <= valid
         if m < vocab_size and not bool(k_inside.all()):  # top-k off on some row: p(K) is the row's
-            total = torch.where(k_inside, total, _fixed_sums(probs))  # [R]
-        threshold = _fixed_threshold(masses, total)  # [R]
-        sure_in = mass_before < threshold[:, None]  # [R, m]
-        sure_out = ~sure_in  # [R, m]
-        beyond = k_inside | (cumulative[:, -1] >= threshold)  # [R]: rank `valid` is not kept
+            row_low, row_high = _fixed_total_band(probs) if band is None else band  # [R] each
+            low, high = torch.where(k_inside, low, row_low), torch.where(k_inside, high, row_high)
+        below, above = _fixed_threshold(masses, low), _fixed_threshold(masses, high)  # [R] each
+        sure_in = mass_before < below[:, None]  # [R, m]
+        sure_out = mass_before >= above[:, None]  # [R, m]
+        beyond = k_inside | (cumulative[:, -1] >= above)  # [R]: rank `valid` is not kept
     keep_rank = in_k & sure_in  # [R, m]
     settled = ~(in_k & ~sure_in & ~sure_out).any(-1)  # [R]
     is_prefix = (keep_rank[:, 1:] <= keep_rank[:, :-1]).all(-1)  # [R]

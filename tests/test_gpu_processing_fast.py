@@ -264,6 +264,129 @@ def test_top_p_alone_by_radix_select_keeps_the_sorted_tokens(chunk, dtype, vocab
     assert rows_sorted == 0
 
 
+@pytest.mark.parametrize("prefix", [2, 4, 16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("vocab_size", [300, 5000])
+def test_top_p_alone_on_peaked_rows_keeps_the_sorted_tokens(prefix, dtype, vocab_size, monkeypatch):
+    """Below float64, top-p alone first tries a partial sort of the first ``prefix`` ranks on
+    rows whose block bound reaches ``top_p``. On the fuzzed grid, with the prefix short, it
+    decides some rows and hands the others (flat rows, nuclei past the prefix) to the radix
+    select: the full sort's tokens bit for bit, the full sort never called."""
+    monkeypatch.setattr(processing, "_PEAKED_PREFIX", prefix)
+    radix_rows = []
+    original = processing._keep_nucleus
+    monkeypatch.setattr(
+        processing,
+        "_keep_nucleus",
+        lambda probs, masses: radix_rows.append(len(probs)) or original(probs, masses),
+    )
+    RowCounter(monkeypatch)
+    num_rows, rows_sorted = check_candidates_route(vocab_size, dtype, seed=3)
+    assert rows_sorted == 0
+    assert len(radix_rows) == 1 and 0 < radix_rows[0] < num_rows  # both routes decide rows
+
+
+def exact_fixed_total(row: np.ndarray) -> int:
+    """The integer total of a float32 row, sum of floor(p 2**s), in Python integers."""
+    shift = 62 - len(row).bit_length()
+    return sum(math.floor(float(p) * 2**shift) for p in row)
+
+
+def band_rows(vocab_size: int) -> torch.Tensor:
+    """Float32 rows whose float sums err: a 1 followed by values lost when added to it, equal
+    values that do not sum to 1 exactly, a softmax, a one-hot, a Dirichlet draw."""
+    rng = np.random.default_rng(vocab_size)
+    lost = np.full(vocab_size, 1e-9)
+    lost[0] = 1.0
+    rows = [
+        lost,
+        np.full(vocab_size, 1.0 / vocab_size),
+        np.full(vocab_size, 0.1),
+        torch.softmax(torch.tensor(rng.normal(size=vocab_size) * 3), -1).numpy(),
+        np.eye(1, vocab_size, 7)[0],
+        rng.dirichlet(np.full(vocab_size, 0.01)),
+    ]
+    return torch.tensor(np.stack(rows), dtype=torch.float32)
+
+
+@pytest.mark.parametrize("vocab_size", [300, 5000])
+def test_fixed_total_band_holds_the_exact_total(vocab_size):
+    """The row totals' bounds hold the exact integer total (Python integers) and are narrow
+    (3e-5 of the scale: 127 roundings of a block sum, each way), and a band without the
+    rounding slack misses it on a row whose float sum drops terms."""
+    rows = band_rows(vocab_size)
+    scale = 2 ** (62 - vocab_size.bit_length())
+    for width, relative in [(128, 4e-5), (16, 5e-6)]:  # the default; top-p alone's bound blocks
+        sums = processing._block_sums(rows, width)
+        low, high = processing._fixed_total_band(rows, sums, width)
+        for row, lo, hi in zip(rows.numpy(), low.tolist(), high.tolist(), strict=True):
+            total = exact_fixed_total(row)
+            assert lo <= total <= hi
+            assert hi - lo <= relative * max(total, scale) + 2 * vocab_size
+    mutant = mutated(processing._fixed_total_band, ("slack = 2 * (", "slack = 0 * ("))
+    low, high = mutant(rows)
+    missed = [
+        not lo <= exact_fixed_total(row) <= hi
+        for row, lo, hi in zip(rows.numpy(), low.tolist(), high.tolist(), strict=True)
+    ]
+    assert missed[0]  # the 1 with the lost terms
+
+
+def peaked_and_flat_rows(vocab_size: int) -> torch.Tensor:
+    """Float32 logits: peaked rows (nuclei of a few tokens, one with a tie cut at its edge) and
+    flat ones (nuclei of most of the vocabulary)."""
+    g = torch.Generator().manual_seed(vocab_size)
+    peaked = torch.randn(4, vocab_size, generator=g) * 10
+    peaked[3, :] = -30.0
+    peaked[3, [5, 9, 40, 41]] = torch.tensor([2.0, 1.0, 1.0, 1.0])  # ties straddle the cut
+    flat = torch.randn(2, vocab_size, generator=g) * 0.1
+    return torch.cat([peaked, flat])
+
+
+def test_top_p_alone_peaked_rows_skip_the_radix_select_and_flat_rows_the_prefix(monkeypatch):
+    """Rows the prefix decides never reach the radix select; rows the bound rules out never pay
+    for the prefix; the kept tokens are the integer-mass rule's (an independent implementation)
+    and the full sort's either way."""
+    x = peaked_and_flat_rows(5000)
+    calls = {"radix": 0, "prefix": 0}
+    radix, topk = processing._keep_nucleus, processing.ops.topk_blocks
+
+    def counted_radix(probs, masses):
+        calls["radix"] += len(probs)
+        return radix(probs, masses)
+
+    def counted_topk(rows, m):
+        calls["prefix"] += len(rows)
+        return topk(rows, m)
+
+    monkeypatch.setattr(processing, "_keep_nucleus", counted_radix)
+    monkeypatch.setattr(processing.ops, "topk_blocks", counted_topk)
+    for rows, top_p, radix_rows, prefix_rows in [
+        (x[:4], 0.9, 0, 4),  # peaked only: decided by the prefix
+        (x[4:], 0.9, 2, 0),  # flat only: the bound sends them straight to the radix select
+        (x, [0.9, 0.5, 0.99, 0.8, 0.9, None], 1, 6),  # mixed: the flat row with top-p on
+    ]:
+        calls.update(radix=0, prefix=0)
+        got = process(rows, 1.0, None, top_p)
+        assert (calls["radix"], calls["prefix"]) == (radix_rows, prefix_rows), top_p
+        assert torch.equal(got, full_sort(rows, 1.0, None, top_p))
+        ps = top_p if isinstance(top_p, list) else [top_p] * len(rows)
+        probs = torch.softmax(rows, -1).numpy()
+        for row, p, kept in zip(probs, ps, got.numpy() > 0, strict=True):
+            want = np.ones(len(row), bool) if p is None else integer_nucleus(row, p)
+            assert np.array_equal(kept, want), p
+    tied = process(x[3:4], 1.0, None, 0.5)  # 2.0 then three tokens at 1.0: the cut is a tie
+    assert (tied[0] > 0).nonzero()[:, 0].tolist() == [5, 9]
+
+
+def test_top_p_alone_prefix_mutant_is_caught(monkeypatch):
+    """The peaked rows' prefix keeping one rank too many fails the full sort comparison."""
+    prefix, _ = one_more_mutant()
+    monkeypatch.setattr(processing, "_top_p_prefix", prefix)
+    x = peaked_and_flat_rows(5000)[:4]
+    assert not torch.equal(process(x, 1.0, None, 0.9), full_sort(x, 1.0, None, 0.9))
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_validate_false_keeps_the_partial_sort_on_the_cpu_only(dtype, monkeypatch):
     """On the CPU ``validate=False`` still takes the candidates (float64) or the radix select
@@ -412,7 +535,7 @@ def less_or_equal_mutant():
     prefix = mutated(
         processing._top_p_prefix,
         ("sure_in = mass_before < low", "sure_in = mass_before <= low"),
-        ("sure_in = mass_before < threshold", "sure_in = mass_before <= threshold"),
+        ("sure_in = mass_before < below", "sure_in = mass_before <= below"),
     )
     nucleus = mutated(
         processing._keep_nucleus, ("(mass_before < torch.cat", "(mass_before <= torch.cat")
@@ -424,8 +547,10 @@ def one_more_mutant():
     """The partial sort and the radix select keeping the first dropped rank too (``r + 1``)."""
     original = processing._top_p_prefix
 
-    def prefix(probs, counts, masses, values, valid):
-        last_value, num_kept, decided, partial = original(probs, counts, masses, values, valid)
+    def prefix(probs, counts, masses, values, valid, band=None):
+        last_value, num_kept, decided, partial = original(
+            probs, counts, masses, values, valid, band
+        )
         more = torch.minimum(num_kept + 1, valid.clamp(min=1))
         last_value = torch.where(last_value < 0, last_value, values.gather(-1, more[:, None] - 1))
         return last_value, more, decided, torch.ones_like(partial)
