@@ -55,8 +55,9 @@ How each step is computed:
   ``max(4096, V // 8)``, or one more than a host-known largest ``k < V``. Which rows need the
   full sort is learnt by one host read, on top of validation's.
 * **Top-p alone below float64, ``validate=True``** (top-k off on every row, known on the host):
-  peaked rows first (:func:`_keep_top_p`): where the sums of the 64 heaviest 16-token blocks
-  reach ``top_p`` (so the nucleus may lie in the first 64 ranks), a partial sort of those ranks
+  peaked rows first (:func:`_keep_top_p`): where a bound on the mass of any 64 tokens from the
+  row's 16-token block sums reaches ``top_p`` (the nucleus may lie in the first 64 ranks) on at
+  least half of the rows, a partial sort of those ranks
   by :func:`~specsampling.gpu.ops.topk_blocks` decides the row exactly by the rules below, the
   row's integer total bounded from the same block sums (:func:`_fixed_total_band`; a rank
   within the band's rounding of the threshold leaves the row undecided). Every other row goes to
@@ -522,17 +523,21 @@ def _top_p_with_fallback(
 
 
 #: Top-p alone below float64: the ranks a partial sort tries first on peaked rows
-#: (:func:`_keep_top_p`), and the block length of the bound that picks those rows.
+#: (:func:`_keep_top_p`), the block length of the bound that picks those rows, and the share of
+#: peaked rows from which the partial sort runs (on every row: a row copy costs more than it).
 _PEAKED_PREFIX = 64
 _BOUND_BLOCK = 16
+_PEAKED_SHARE = 0.5
 
 
-def _top_mass_bound(sums: torch.Tensor, count: int) -> torch.Tensor:
-    """An upper bound on the mass of any ``count`` tokens of each row, ``[R]``, from the row's
-    block sums ``sums [R, nb]`` (:func:`_block_sums`): the sum of the ``count`` largest.
-    ``count`` tokens lie in at most ``count`` blocks, and tokens of one block weigh at most its
-    sum."""
-    return sums.topk(min(count, sums.shape[-1]), dim=-1).values.sum(-1)  # [R]
+def _top_mass_bound(sums: torch.Tensor, count: int, cap: torch.Tensor) -> torch.Tensor:
+    r"""An upper bound on the mass of any ``count`` tokens of each row, ``[R]``, from the row's
+    block sums ``sums [R, nb]`` (:func:`_block_sums`), with no sort: ``count`` tokens lie in at
+    most ``count`` blocks, tokens of one block weigh at most its sum, and for any ``c >= 0`` the
+    sums of ``count`` blocks are at most :math:`\mathrm{count} \cdot c + \sum_b (s_b - c)_+`.
+    ``cap [R]`` is each row's ``c``: the bound is then tight on flat rows (every block under
+    ``c``) and never below the true mass on any row."""
+    return count * cap + (sums - cap[:, None].to(sums.dtype)).clamp_min_(0).sum(-1)  # [R]
 
 
 def _keep_top_p(probs: torch.Tensor, counts: torch.Tensor, masses: torch.Tensor) -> _Kept:
@@ -543,15 +548,19 @@ def _keep_top_p(probs: torch.Tensor, counts: torch.Tensor, masses: torch.Tensor)
     same integer masses); every other row, and one the prefix cannot decide, by the radix select
     :func:`_keep_nucleus`. The same tokens either way; the prefix costs a block read and two
     small ``topk`` where the radix select costs several integer passes and a histogram, and the
-    bound keeps flat rows (nuclei of thousands of tokens) from paying for a prefix that cannot
-    decide them. Host reads: whether any row is peaked, then the prefix's flags."""
+    bound (the block sums and one pass over them, no sort) keeps flat rows (nuclei of thousands
+    of tokens) from paying for a prefix that cannot decide them: the prefix runs on every row
+    when at least :data:`_PEAKED_SHARE` of them are peaked, else the radix select does. Host
+    reads: how many rows are peaked, then the prefix's flags."""
     vocab_size = probs.shape[-1]
     if vocab_size <= 8 * _PEAKED_PREFIX or len(probs) == 0:
         return _keep_nucleus(probs, masses)
     sums = _block_sums(probs, _BOUND_BLOCK)  # [R, nb]
-    bound = _top_mass_bound(sums, _PEAKED_PREFIX).to(torch.float64)  # [R]
+    cap = masses.clamp(max=1.0) / (2 * _PEAKED_PREFIX)  # [R]: half of top_p from the count
+    bound = _top_mass_bound(sums, _PEAKED_PREFIX, cap).to(torch.float64)  # [R]
     peaked = bound >= masses * (1 - 1e-3)  # [R]; top-p off (inf): False
-    if not bool(peaked.any()):  # the host read
+    num_peaked = int(peaked.sum())  # the host read
+    if num_peaked == 0 or num_peaked < _PEAKED_SHARE * len(probs):  # mostly flat rows
         return _keep_nucleus(probs, masses)
     values = ops.topk_blocks(probs, _PEAKED_PREFIX)[0]  # [R, m], decreasing
     valid = torch.full(counts.shape, _PEAKED_PREFIX, device=probs.device)  # [R]

@@ -273,6 +273,7 @@ def test_top_p_alone_on_peaked_rows_keeps_the_sorted_tokens(prefix, dtype, vocab
     decides some rows and hands the others (flat rows, nuclei past the prefix) to the radix
     select: the full sort's tokens bit for bit, the full sort never called."""
     monkeypatch.setattr(processing, "_PEAKED_PREFIX", prefix)
+    monkeypatch.setattr(processing, "_PEAKED_SHARE", 0.0)  # the prefix once any row is peaked
     radix_rows = []
     original = processing._keep_nucleus
     monkeypatch.setattr(
@@ -345,8 +346,8 @@ def peaked_and_flat_rows(vocab_size: int) -> torch.Tensor:
 
 def test_top_p_alone_peaked_rows_skip_the_radix_select_and_flat_rows_the_prefix(monkeypatch):
     """Rows the prefix decides never reach the radix select; rows the bound rules out never pay
-    for the prefix; the kept tokens are the integer-mass rule's (an independent implementation)
-    and the full sort's either way."""
+    for the prefix (nor do peaked rows in a batch of mostly flat ones); the kept tokens are the
+    integer-mass rule's (an independent implementation) and the full sort's either way."""
     x = peaked_and_flat_rows(5000)
     calls = {"radix": 0, "prefix": 0}
     radix, topk = processing._keep_nucleus, processing.ops.topk_blocks
@@ -365,6 +366,7 @@ def test_top_p_alone_peaked_rows_skip_the_radix_select_and_flat_rows_the_prefix(
         (x[:4], 0.9, 0, 4),  # peaked only: decided by the prefix
         (x[4:], 0.9, 2, 0),  # flat only: the bound sends them straight to the radix select
         (x, [0.9, 0.5, 0.99, 0.8, 0.9, None], 1, 6),  # mixed: the flat row with top-p on
+        (x[3:], 0.9, 3, 0),  # under half of the rows peaked: the radix select on every row
     ]:
         calls.update(radix=0, prefix=0)
         got = process(rows, 1.0, None, top_p)
