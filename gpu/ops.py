@@ -248,17 +248,19 @@ def normalise(weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 CDF_BLOCK = 128
 
 
-def block_sums(weights: torch.Tensor) -> torch.Tensor:
-    """Sums of consecutive 128-token blocks over the last axis, ``[..., V] -> [..., V // 128 + 1]``
-    (the last block takes the ``V % 128`` tail, 0 when there is none); a view of the rows, no
-    copy of them.
+def block_sums(weights: torch.Tensor, width: int = CDF_BLOCK) -> torch.Tensor:
+    """Sums of consecutive ``width``-token blocks (128 by default) over the last axis,
+    ``[..., V] -> [..., V // width + 1]`` (the last block takes the ``V % width`` tail, 0 when
+    there is none); a view of the rows, no copy of them.
 
     >>> block_sums(torch.ones(2, 300)).tolist()
     [[128.0, 128.0, 44.0], [128.0, 128.0, 44.0]]
+    >>> block_sums(torch.ones(1, 8), width=4).tolist()
+    [[4.0, 4.0, 0.0]]
     """
     vocab = weights.shape[-1]
-    full = vocab - vocab % CDF_BLOCK
-    blocks = weights[..., :full].unflatten(-1, (full // CDF_BLOCK, CDF_BLOCK)).sum(-1)
+    full = vocab - vocab % width
+    blocks = weights[..., :full].unflatten(-1, (full // width, width)).sum(-1)
     return torch.cat([blocks, weights[..., full:].sum(-1, keepdim=True)], -1)
 
 

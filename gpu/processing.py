@@ -532,11 +532,12 @@ _PEAKED_SHARE = 0.5
 
 def _top_mass_bound(sums: torch.Tensor, count: int, cap: torch.Tensor) -> torch.Tensor:
     r"""An upper bound on the mass of any ``count`` tokens of each row, ``[R]``, from the row's
-    block sums ``sums [R, nb]`` (:func:`_block_sums`), with no sort: ``count`` tokens lie in at
-    most ``count`` blocks, tokens of one block weigh at most its sum, and for any ``c >= 0`` the
-    sums of ``count`` blocks are at most :math:`\mathrm{count} \cdot c + \sum_b (s_b - c)_+`.
-    ``cap [R]`` is each row's ``c``: the bound is then tight on flat rows (every block under
-    ``c``) and never below the true mass on any row."""
+    block sums ``sums [R, nb]`` (:func:`~specsampling.gpu.ops.block_sums`), with no sort:
+    ``count`` tokens lie in at most ``count`` blocks, tokens of one block weigh at most its
+    sum, and for any ``c >= 0`` the sums of ``count`` blocks are at most
+    :math:`\mathrm{count} \cdot c + \sum_b (s_b - c)_+`. ``cap [R]`` is each row's ``c``;
+    with ``c = top_p / (2 count)`` a flat row (every block under ``c``) is bounded by
+    ``top_p / 2`` and ruled out, and no row is ever bounded below its true mass."""
     return count * cap + (sums - cap[:, None].to(sums.dtype)).clamp_min_(0).sum(-1)  # [R]
 
 
@@ -555,7 +556,7 @@ def _keep_top_p(probs: torch.Tensor, counts: torch.Tensor, masses: torch.Tensor)
     vocab_size = probs.shape[-1]
     if vocab_size <= 8 * _PEAKED_PREFIX or len(probs) == 0:
         return _keep_nucleus(probs, masses)
-    sums = _block_sums(probs, _BOUND_BLOCK)  # [R, nb]
+    sums = ops.block_sums(probs, _BOUND_BLOCK)  # [R, nb]
     cap = masses.clamp(max=1.0) / (2 * _PEAKED_PREFIX)  # [R]: half of top_p from the count
     bound = _top_mass_bound(sums, _PEAKED_PREFIX, cap).to(torch.float64)  # [R]
     peaked = bound >= masses * (1 - 1e-3)  # [R]; top-p off (inf): False
@@ -652,31 +653,21 @@ def _row_chunks(probs: torch.Tensor, elements: int | None = None) -> int:
     return min(max(1, len(probs)), max(1, elements // max(1, probs.shape[-1])))
 
 
-def _block_sums(probs: torch.Tensor, width: int) -> torch.Tensor:
-    """Sums of consecutive ``width``-token blocks of ``probs [R, V]``, the ragged tail one more
-    block, ``[R, nb]`` (one read of the rows)."""
-    vocab_size = probs.shape[-1]
-    full = vocab_size - vocab_size % width
-    sums = probs[:, :full].unflatten(-1, (full // width, width)).sum(-1)  # [R, V // width]
-    if full < vocab_size:
-        sums = torch.cat([sums, probs[:, full:].sum(-1, keepdim=True)], -1)
-    return sums
-
-
 def _fixed_total_band(
     probs: torch.Tensor, sums: torch.Tensor | None = None, width: int = ops.CDF_BLOCK
 ) -> tuple[torch.Tensor, torch.Tensor]:
     r"""Bounds ``(low, high)``, ``int64 [R]``, on each row's integer total
-    :math:`\sum_x \lfloor p(x)\,2^s \rfloor` (:func:`_fixed`) of ``probs [R, V]`` (float32), from
-    one read: the sums of ``width``-token blocks (:func:`_block_sums`, or ``sums`` already
-    formed), added in float64. A sum of non-negative floats errs by at most (terms - 1) units of
-    roundoff of itself in any order of addition, so a block sum by ``width`` :math:`\cdot 2^{-24}`
-    and the float64 total of ``nb`` blocks by :math:`nb \cdot 2^{-53}` (doubled for the products
+    :math:`\sum_x \lfloor p(x)\,2^s \rfloor` (:func:`_fixed`) of ``probs [R, V]`` (float32),
+    from one read: the sums of ``width``-token blocks
+    (:func:`~specsampling.gpu.ops.block_sums`, or ``sums`` already formed), added in float64. A
+    sum of non-negative floats errs by at most its number of terms less one units of roundoff
+    of itself in any order of addition, so a block sum by ``width`` :math:`\cdot 2^{-24}` and
+    the float64 total of ``nb`` blocks by :math:`nb \cdot 2^{-53}` (doubled for the products
     below), and the truncations take off less than ``V`` units. Converting every entry to
     ``int64`` instead (the exact total) costs several softmaxes on the CPU."""
     vocab_size = probs.shape[-1]
     if sums is None:
-        sums = _block_sums(probs, width)
+        sums = ops.block_sums(probs, width)
     sums = sums.to(torch.float64)  # [R, nb]
     slack = 2 * (width * 2.0**-24 + sums.shape[-1] * 2.0**-53)
     scaled = sums.sum(-1) * 2.0 ** _fixed_shift(vocab_size)  # [R]

@@ -1,5 +1,6 @@
 """``benchmarks/torch_processing.py`` stays runnable: its ``--quick`` run (seconds) exits cleanly
-and writes both tables, one row per setting, with finite ratios. No timing is asserted: speed
+and writes its four tables (two sizes, each also with peaked logits), one row per setting (the
+radix-select-only ablation included), with finite ratios. No timing is asserted: speed
 claims live in the results."""
 
 from __future__ import annotations
@@ -10,7 +11,14 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SETTINGS = ["T = 0.7", "top-k 50", "top-p 0.9", "top-k 50 + top-p 0.9", "T = 0 (greedy)"]
+SETTINGS = [
+    "T = 0.7",
+    "top-k 50",
+    "top-p 0.9",
+    "top-p 0.9, radix select only",
+    "top-k 50 + top-p 0.9",
+    "T = 0 (greedy)",
+]
 
 
 def test_quick_run_writes_the_table(tmp_path):
@@ -24,13 +32,14 @@ def test_quick_run_writes_the_table(tmp_path):
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     text = output.read_text()
-    assert "## 18 rows, V = 2,000" in text and "## 9 rows, V = 5,000" in text
+    assert "## 18 rows, V = 2,000\n" in text and "## 9 rows, V = 5,000\n" in text
+    assert text.count("peaked logits (2 x 3 x N(0, 1))") == 2
     rows = [
         [cell.strip() for cell in line.strip("|").split("|")]
         for line in text.splitlines()
         if line.startswith("| ") and not line.startswith("| setting |")
     ]
-    assert [row[0] for row in rows] == SETTINGS * 2
+    assert [row[0] for row in rows] == SETTINGS * 4
     for row in rows:
         ratios = [float(cell.rstrip("x").replace(",", "")) for cell in row[4:6]]
         assert all(math.isfinite(ratio) and ratio > 0 for ratio in ratios), row
