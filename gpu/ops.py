@@ -205,6 +205,8 @@ def numpy_sum(values: torch.Tensor) -> torch.Tensor:
     """
     if values.dtype != torch.float64:  # host metadata: path-wise equality is a float64 claim
         return values.sum(-1)  # [...]
+    if values.numel() == 0:  # no rows (or empty ones, which sum to 0): nothing to plan
+        return values.sum(-1)  # [...]
     vocab_size = values.shape[-1]
     if vocab_size < _UNROLL:
         total = torch.zeros_like(values[..., 0])  # [...]

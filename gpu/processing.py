@@ -104,8 +104,11 @@ V = 32,000, so no ``int64`` sum can overflow), ``p(K)`` is the integer sum over 
 in any order, so every route over the softmax -- the radix select, the partial sort, the full
 sort, a parallel scan on an accelerator -- keeps the same tokens; they differ from the float64
 reference's only where a mass-before lies within float32 rounding of the threshold. The top-k
-route counts the masses of :math:`p_K` (its ``p(K)`` is ``2^s`` less rounding), the same on every
-device.
+route counts the masses of :math:`p_K`, formed in float32 from the logits (its ``p(K)`` is ``2^s``
+less rounding): its kept tokens may differ from the softmax routes' by that rounding at the
+threshold, and since the route is chosen for the whole call (every row with a known ``k < V``),
+a row's kept tokens below float64 may differ between batches, and between devices, in the same
+rare places.
 """
 
 from __future__ import annotations
@@ -239,8 +242,9 @@ def _plain_softmax(logits: Any, temperature: Any, top_k: Any, top_p: Any) -> boo
 
 
 def _small_top_k(top_k: _Parameter, vocab_size: int) -> bool:
-    """Whether top-k is on with a host-known largest ``k < V`` on every row (top-p anything)."""
-    return top_k.host and top_k.host_max < vocab_size
+    """Whether top-k is on with a host-known largest ``k < V`` on every row (top-p anything); an
+    empty batch of per-row values (no largest ``k``) is not."""
+    return top_k.host and 1 <= top_k.host_max < vocab_size
 
 
 def _top_k_logits(
@@ -823,7 +827,8 @@ def _top_p_prefix(
         cumulative = units.cumsum(-1)  # [R, m]: the full sort's first `valid`, exactly
         mass_before = cumulative - units  # [R, m]
         low = high = cumulative[:, -1]  # [R]: p(K) where k <= valid
-        if m < vocab_size and not bool(k_inside.all()):  # top-k off on some row: p(K) is the row's
+        # top-k off on some row: p(K) is the row's (with a band given, known to be: no host read)
+        if m < vocab_size and (band is not None or not bool(k_inside.all())):
             row_low, row_high = _fixed_total_band(probs) if band is None else band  # [R] each
             low, high = torch.where(k_inside, low, row_low), torch.where(k_inside, high, row_high)
         below, above = _fixed_threshold(masses, low), _fixed_threshold(masses, high)  # [R] each

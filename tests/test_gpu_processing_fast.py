@@ -381,6 +381,26 @@ def test_top_p_alone_peaked_rows_skip_the_radix_select_and_flat_rows_the_prefix(
     assert (tied[0] > 0).nonzero()[:, 0].tolist() == [5, 9]
 
 
+def test_top_p_alone_on_peaked_rows_reads_the_host_twice(monkeypatch):
+    """Top-p alone on peaked rows, unchecked: two host reads (how many rows are peaked, the
+    prefix's flags), none for the row totals, which the bound's block sums give."""
+    x = peaked_and_flat_rows(5000)[:4]
+    expected = process(x, 1.0, None, 0.9, validate=False)
+    reads = []
+    for name in ["item", "tolist", "__bool__", "__int__", "__float__"]:
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _name=name, _original=original, **kwargs):
+            reads.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    got = process(x, 1.0, None, 0.9, validate=False)
+    monkeypatch.undo()
+    assert torch.equal(got, expected)
+    assert reads == ["__int__", "tolist"], reads
+
+
 def test_top_p_alone_prefix_mutant_is_caught(monkeypatch):
     """The peaked rows' prefix keeping one rank too many fails the full sort comparison."""
     prefix, _ = one_more_mutant()
@@ -795,6 +815,16 @@ def test_float32_top_k_with_top_p_routes_agree_bit_for_bit(vocab_size, monkeypat
         monkeypatch.setattr(torch.Tensor, "tolist", tolist)
         assert torch.equal(free, fast), (k, p)
     assert any(0 < rows < len(x) for rows in cut)  # the host route cut some rows, not all
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_empty_batches_with_per_row_top_k_and_top_p(dtype):
+    """An empty batch of per-row ``top_k`` (no largest ``k``) with top-p on returns an empty
+    table, on every route (it used to reach the top-k route and fail on ``int(-inf)``)."""
+    for top_k, top_p in [([], 0.5), ([], []), (3, 0.5), ([], None)]:
+        got = process(torch.zeros(0, 10, dtype=dtype), 0.7, top_k, top_p)
+        assert got.shape == (0, 10), (top_k, top_p)
+        assert sync_free(torch.zeros(0, 10, dtype=dtype), 0.7, top_k, top_p).shape == (0, 10)
 
 
 def test_float32_top_k_with_top_p_one_more_mutant_is_caught(monkeypatch):
