@@ -275,7 +275,7 @@ def _top_k_logits(
     highest = values[:, :1]  # [R, 1] the row maximum
     weights = _kept_probs(values, highest, divisor, None)  # [R, m] unnormalised
     if not (top_p.host and top_p.host_min == math.inf):  # top-p on some row: r <= k tokens
-        masses = torch.where(top_p.rows >= 1, math.inf, top_p.rows.to(torch.float64))  # [R]
+        masses = _top_p_masses(top_p)  # [R]
         counts = _nucleus_count(weights, counts, masses, vocab_size)  # [R, 1]
     kth = values.gather(-1, counts - 1)  # [R, 1]
     total = torch.where(ranks < counts, weights, 0.0).sum(-1, keepdim=True)  # [R, 1]
@@ -292,6 +292,11 @@ def _top_k_logits(
         keep = _top_k_from_kth(x[at], counts[at, 0], kth[at])  # [U, V]
         probs[at] = torch.where(keep, _kept_probs(x[at], highest[at], divisor[at], total[at]), 0.0)
     return probs
+
+
+def _top_p_masses(top_p: _Parameter) -> torch.Tensor:
+    """Each row's ``top_p`` as float64, ``[R]``; ``inf`` where top-p is off (``top_p >= 1``)."""
+    return torch.where(top_p.rows >= 1, math.inf, top_p.rows.to(torch.float64))
 
 
 def _nucleus_count(
@@ -407,7 +412,7 @@ def _keep(
         return None
     counts = top_k.rows.clamp(max=vocab_size).to(torch.int64)  # [R]
     small_k = top_k.host and top_k.host_max < vocab_size
-    masses = torch.where(top_p.rows >= 1, math.inf, top_p.rows.to(torch.float64))  # [R]
+    masses = _top_p_masses(top_p)  # [R]
     if validate or _reads_are_free(probs.device):
         if use_p and not use_k and probs.dtype != torch.float64:
             return _keep_top_p(probs, counts, masses)
@@ -611,15 +616,15 @@ def _nucleus_candidates(
     sort when the guess fell short. They are gathered in token order, padded with zeros to the
     widest row and sorted: ``valid`` of them per row, ``values[r, valid[r]:] = 0``. Rows with
     top-p off get none. Rows go in chunks of :data:`_CHUNK_ELEMENTS` elements on the CPU
-    (:data:`_DEVICE_CHUNK_ELEMENTS` elsewhere). One host read: the widest row.
+    (:data:`_DEVICE_CHUNK_ELEMENTS` elsewhere, :func:`_row_chunks`). One host read: the widest
+    row.
     """
     num_rows, vocab_size = probs.shape
     if num_rows == 0:  # nothing to rank (range() below needs a positive step)
         return probs.new_zeros(0, 1), torch.zeros(0, dtype=torch.int64, device=probs.device)
     int_dtype, shift = _RADIX[probs.dtype]
     num_keys = 1 << (torch.finfo(probs.dtype).bits - 1 - shift)
-    elements = _CHUNK_ELEMENTS if probs.device.type == "cpu" else _DEVICE_CHUNK_ELEMENTS
-    step = min(num_rows, max(1, elements // vocab_size))
+    step = _row_chunks(probs)
     key_buffer = torch.empty(step, vocab_size, dtype=torch.int64, device=probs.device)
     chosen_buffer = torch.empty(step, vocab_size, dtype=torch.bool, device=probs.device)
     counts, flats = [], []
