@@ -49,6 +49,10 @@ class TreeBatch:
         At each depth, a bound on the candidates of any node there (host metadata: the walk
         reads only that many slots at that depth). Computed from ``candidates`` when not given,
         in the same host read as ``chains`` and ``max_depth``.
+    guesses : LongTensor [B, N], optional
+        The child of each node guessed from the context alone (its last candidate; rows of
+        law ``grafted``, :meth:`specsampling.DraftTree.graft`), ``PAD`` where none and in rows
+        of other laws; ``None`` when no row is grafted.
 
     Examples
     --------
@@ -71,6 +75,7 @@ class TreeBatch:
     chains: tuple[bool, ...] = field(default=())
     max_depth: int = -1
     level_slots: tuple[int, ...] = field(default=())
+    guesses: torch.Tensor | None = None  # [B, N]
 
     def __post_init__(self) -> None:
         batch_size, num_nodes = self.parents.shape
@@ -83,10 +88,14 @@ class TreeBatch:
             raise ValueError("TreeBatch: candidates must be [B, N, C]")
         if self.num_nodes.shape != (batch_size,):
             raise ValueError("TreeBatch: num_nodes must be [B]")
+        if self.guesses is not None and self.guesses.shape != (batch_size, num_nodes):
+            raise ValueError("TreeBatch: guesses must be [B, N]")
         laws = tuple(DrawLaw.of(law) for law in self.laws)
         if len(laws) != batch_size:
             raise ValueError(f"TreeBatch: laws needs one law per row ({batch_size})")
         object.__setattr__(self, "laws", laws)
+        if self.guesses is None and DrawLaw.GRAFTED in laws:
+            raise ValueError("TreeBatch: rows of law 'grafted' need their guesses ([B, N])")
         # Host metadata, computed once here (never inside a verify call), in one host read.
         if not self.chains or self.max_depth < 0 or not self.level_slots:
             counts = (self.candidates != PAD).sum(-1)  # [B, N]
@@ -143,8 +152,13 @@ class TreeBatch:
         candidates = torch.full((len(trees), num_nodes, slots), PAD, dtype=torch.long)
         max_depth = max(tree.max_depth for tree in trees)
         level_slots = [0] * (max_depth + 1)  # the most candidates of a node at each depth
+        guesses = None
+        if any(tree.guesses for tree in trees):
+            guesses = torch.full((len(trees), num_nodes), PAD, dtype=torch.long)  # [B, N]
         for row, tree in enumerate(trees):
             size = tree.num_nodes
+            if guesses is not None and tree.guesses:
+                guesses[row, :size] = torch.tensor(tree.guesses)
             parents[row, :size] = torch.tensor(tree.parents)
             tokens[row, :size] = torch.tensor(tree.tokens)
             depth[row, :size] = torch.tensor([tree.depth(n) for n in range(size)])
@@ -163,6 +177,7 @@ class TreeBatch:
             chains=tuple(tree.is_chain for tree in trees),
             max_depth=max_depth,
             level_slots=tuple(level_slots),
+            guesses=None if guesses is None else guesses.to(device),
         )
 
     def to_trees(self) -> list[DraftTree]:
@@ -170,15 +185,20 @@ class TreeBatch:
         parents = self.parents.tolist()
         tokens = self.tokens.tolist()
         candidates = self.candidates.tolist()
+        guesses = None if self.guesses is None else self.guesses.tolist()
         trees = []
         for row, size in enumerate(self.num_nodes.tolist()):
             cands = tuple(tuple(c for c in candidates[row][n] if c != PAD) for n in range(size))
+            guessed = ()
+            if guesses is not None and self.laws[row] is DrawLaw.GRAFTED:
+                guessed = tuple(guesses[row][:size])
             trees.append(
                 DraftTree(
                     tuple(parents[row][:size]),
                     tuple(tokens[row][:size]),
                     cands,
                     self.laws[row],
+                    guessed,
                 )
             )
         return trees
@@ -195,6 +215,7 @@ class TreeBatch:
             self.chains,
             self.max_depth,
             self.level_slots,
+            None if self.guesses is None else self.guesses.to(device),
         )
 
     def real_nodes(self) -> torch.Tensor:

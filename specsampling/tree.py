@@ -24,6 +24,9 @@ class DrawLaw(str, Enum):
     * ``WITHOUT``: drawn in turn from ``q`` with the node's earlier candidates removed;
     * ``DETERMINISTIC``: chosen without randomness (the draft's top tokens, EAGLE style);
     * ``GREEDY``, ``HUB``: the own drafting laws of the ``greedy`` and ``spechub`` schemes;
+    * ``GRAFTED``: i.i.d. candidates from ``q`` and, at the nodes of
+      :attr:`DraftTree.guesses`, one more candidate, last, chosen from the context alone (a
+      prompt-lookup continuation grafted into a sampled tree, :meth:`DraftTree.graft`);
     * ``UNKNOWN``: not stated (a hand-built tree). Only schemes exact for every tree drawn
       independently of the verifier's noise (``nss``) accept it.
 
@@ -36,6 +39,7 @@ class DrawLaw(str, Enum):
     DETERMINISTIC = "deterministic"
     GREEDY = "greedy"
     HUB = "hub"
+    GRAFTED = "grafted"
     UNKNOWN = "unknown"
 
     def __str__(self) -> str:
@@ -51,7 +55,7 @@ class DrawLaw(str, Enum):
         Traceback (most recent call last):
         ...
         ValueError: law: expected one of ['iid', 'without', 'deterministic', 'greedy', 'hub', \
-'unknown'], got 'random'
+'grafted', 'unknown'], got 'random'
         """
         try:
             return cls(law)
@@ -78,6 +82,10 @@ class DraftTree:
     ``law`` (a :class:`DrawLaw`) records how the candidates were drawn: every
     :class:`~specsampling.Shape` sets it, and whoever builds a tree by hand states it (the default
     ``"unknown"`` is accepted only by verifiers exact for any tree, such as ``nss``).
+    ``guesses`` (law ``"grafted"`` only, one entry per node) names the child of each node that was
+    guessed from the context alone rather than drawn from the draft, ``-1`` where none; a guess
+    is its node's last candidate, listed once, beside none of the drawn ones
+    (:meth:`graft` builds such trees).
 
     Examples
     --------
@@ -92,6 +100,7 @@ class DraftTree:
     tokens: tuple[int, ...]
     candidates: tuple[tuple[int, ...], ...] = field(default=())
     law: DrawLaw = DrawLaw.UNKNOWN
+    guesses: tuple[int, ...] = ()
     _children: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -125,7 +134,9 @@ class DraftTree:
         object.__setattr__(self, "parents", parents)
         object.__setattr__(self, "tokens", tokens)
         object.__setattr__(self, "candidates", candidates)
-        object.__setattr__(self, "law", DrawLaw.of(self.law))
+        law = DrawLaw.of(self.law)
+        object.__setattr__(self, "law", law)
+        object.__setattr__(self, "guesses", _checked_guesses(self.guesses, law, candidates))
         object.__setattr__(self, "_children", tuple(_unique(c) for c in candidates))
 
     @classmethod
@@ -176,8 +187,68 @@ class DraftTree:
         return cls.from_draws(((node, token) for node, token in enumerate(tokens)), law)
 
     def with_law(self, law: DrawLaw | str) -> DraftTree:
-        """The same tree, stating that its candidates were drawn by ``law``."""
-        return DraftTree(self.parents, self.tokens, self.candidates, DrawLaw.of(law))
+        """The same tree, stating that its candidates were drawn by ``law`` (its guesses kept
+        only when ``law`` is ``"grafted"``)."""
+        law = DrawLaw.of(law)
+        guesses = self.guesses if law is DrawLaw.GRAFTED else ()
+        return DraftTree(self.parents, self.tokens, self.candidates, law, guesses)
+
+    def guess(self, node: int) -> int | None:
+        """The child of ``node`` guessed from the context (its last candidate), or ``None``.
+
+        >>> tree = DraftTree.chain([4, 2], law="iid").graft([4, 7])
+        >>> tree.guess(1), tree.guess(0)
+        (3, None)
+        """
+        child = self.guesses[node] if self.guesses else -1
+        return None if child < 0 else child
+
+    def graft(self, chain: Sequence[int]) -> DraftTree:
+        """This tree with ``chain`` (token ids guessed from the context alone, e.g. a
+        prompt-lookup continuation) grafted in: from the root, follow the child holding the
+        chain's next token while there is one, then hang the chain's remaining tokens below as
+        new nodes (numbered after the existing ones), each its parent's last candidate.
+
+        A tree that gains nodes is a mixed tree: law ``"grafted"``, the new nodes its
+        :attr:`guesses`, when this tree's candidates are i.i.d. draws (law ``"iid"``, or a
+        sampled chain, whose single candidates are plain draws whatever the law); else law
+        ``"unknown"``. A chain the tree already holds adds nothing (a guess that equals a drawn
+        candidate would be rejected surely after it, see ``specinfer``).
+
+        >>> tree = DraftTree.chain([4, 2], law="iid").graft([4, 7, 8])
+        >>> tree.tokens, tree.candidates, tree.law, tree.guesses
+        ((-1, 4, 2, 7, 8), ((1,), (2, 3), (), (4,), ()), <DrawLaw.GRAFTED: 'grafted'>, \
+(-1, 3, -1, 4, -1))
+        >>> DraftTree.chain([4, 2], law="iid").graft([4]).law
+        <DrawLaw.IID: 'iid'>
+        """
+        if self.law is DrawLaw.GRAFTED:
+            raise ValueError("tree: already grafted (law 'grafted' holds one guess per node)")
+        if isinstance(chain, (str, bytes)) or not isinstance(chain, Iterable):
+            raise TypeError(f"chain: expected a sequence of token ids, got {chain!r}")
+        parents, tokens = list(self.parents), list(self.tokens)
+        candidates = [list(c) for c in self.candidates]
+        guesses = [-1] * len(parents)
+        node, grown = 0, False
+        for token in chain:
+            token = _node_id(token, "chain")
+            child = None if grown else self.child_with_token(node, token)
+            if child is None:
+                parents.append(node)
+                tokens.append(token)
+                candidates.append([])
+                guesses.append(-1)
+                child, grown = len(tokens) - 1, True
+                candidates[node].append(child)
+                guesses[node] = child
+            node = child
+        if not grown:
+            return self
+        if self.law is DrawLaw.IID or self.is_sampled_chain:
+            law, kept = DrawLaw.GRAFTED, tuple(guesses)
+        else:
+            law, kept = DrawLaw.UNKNOWN, ()
+        return DraftTree(tuple(parents), tuple(tokens), tuple(map(tuple, candidates)), law, kept)
 
     @property
     def num_nodes(self) -> int:
@@ -225,6 +296,36 @@ class DraftTree:
     def max_depth(self) -> int:
         """Depth of the deepest node."""
         return max(self.depth(n) for n in range(self.num_nodes))
+
+
+def _checked_guesses(
+    guesses: Any, law: DrawLaw, candidates: tuple[tuple[int, ...], ...]
+) -> tuple[int, ...]:
+    """``guesses`` as a tuple of node ids, checked against the law and the candidate lists."""
+    if isinstance(guesses, (str, bytes)) or not isinstance(guesses, Iterable):
+        raise ValueError(f"tree: guesses must be a sequence of node ids, got {guesses!r}")
+    ids = tuple(_node_id(g, "guesses") for g in guesses)
+    if law is not DrawLaw.GRAFTED:
+        if any(g >= 0 for g in ids):
+            raise ValueError(
+                f"tree: guesses are for law 'grafted' (drawn candidates plus guesses), got law "
+                f"{law.value!r}"
+            )
+        return ()
+    if len(ids) != len(candidates):
+        raise ValueError(
+            f"tree: law 'grafted' needs one guess per node ({len(candidates)}, -1 for none), "
+            f"got {len(ids)}"
+        )
+    for node, (guess, cands) in enumerate(zip(ids, candidates, strict=True)):
+        if guess < 0:
+            continue
+        if not cands or cands[-1] != guess or cands.count(guess) != 1:
+            raise ValueError(
+                f"tree: the guess {guess} of node {node} must be its last candidate, listed once "
+                f"(candidates {cands})"
+            )
+    return ids
 
 
 def _unique(nodes: Sequence[int]) -> tuple[int, ...]:

@@ -35,7 +35,8 @@ def _direct_round_law(scheme, pair, shape):
 
 
 def test_every_law_of_the_catalogue_is_covered():
-    assert {shape.law for shape in LAW_SHAPES} == set(DrawLaw) - {DrawLaw.UNKNOWN}
+    # grafted trees come from DraftTree.graft, not a shape: tests/test_grafted.py
+    assert {shape.law for shape in LAW_SHAPES} == set(DrawLaw) - {DrawLaw.UNKNOWN, DrawLaw.GRAFTED}
 
 
 @pytest.mark.parametrize("shape", LAW_SHAPES, ids=repr)
@@ -103,7 +104,7 @@ def test_stated_laws_are_honoured():
     ss.SCHEMES["rsd"].verify(star_wo, *tables(pair, star_wo), noise)
     with pytest.raises(ss.UnsupportedShape, match="'rsd' is not exact for a tree drawn by law"):
         ss.SCHEMES["rsd"].verify(star_iid, *tables(pair, star_iid), ss.Noise.constant(0.5, 2))
-    with pytest.raises(ss.UnsupportedShape, match="sampled chains and trees drawn by law iid"):
+    with pytest.raises(ss.UnsupportedShape, match="chains and trees drawn by law grafted, iid"):
         ss.SCHEMES["specinfer"].verdict_law(star_wo, *tables(pair, star_wo))
     # A deterministic chain is not a sample from q: ratio schemes refuse it.
     top = ss.DraftTree.chain([1, 0], law="deterministic")

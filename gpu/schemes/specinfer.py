@@ -6,6 +6,11 @@ slots), accept :math:`x_i` iff :math:`u_\text{accept}[x_i]\,q(x_i) < p'(x_i)`; a
 rejection :math:`p' \leftarrow \mathrm{norm}((p' - q)_+)`. Stop with :math:`p'` when all are
 rejected. A duplicate of a rejected token has :math:`p'(x) = 0`, so reading its own uniform
 again is exact (no reuse). :class:`RecursiveRejection` is shared with ``rsd``.
+
+Grafted trees (:attr:`TreeBatch.guesses <specsampling.gpu.TreeBatch.guesses>`): a node's guess
+is its last candidate slot, tested as a point mass, :math:`u < p'(x)`, and removed from
+:math:`p'` when rejected (the per-node flag comes from :meth:`node_extras`; batches without
+guesses run the loop unchanged).
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from .. import ops
-from ..tree import PAD
+from ..tree import PAD, TreeBatch
 from .base import NodeLowering, NodeStep
 
 
@@ -28,6 +33,36 @@ class RecursiveRejection(NodeLowering):
         :meth:`node_step` overwrites, or ``draft`` itself when the draft does not change."""
         return ops.residual(target, draft), draft
 
+    def node_extras(
+        self,
+        batch: TreeBatch,
+        target_probs: torch.Tensor,  # [B, N, V]
+        draft_probs: torch.Tensor,  # [B, N, V]
+    ) -> torch.Tensor:
+        """``[B, N, 1]``: 1 where the node's last candidate is a guess; ``[B, N, 0]`` (no
+        extras, the plain loop) for batches without guesses."""
+        if batch.guesses is None:  # static: host metadata
+            return super().node_extras(batch, target_probs, draft_probs)
+        return (batch.guesses != PAD)[..., None].to(draft_probs.dtype)  # [B, N, 1]
+
+    def step(
+        self,
+        extras: torch.Tensor,  # [B, P]
+        target: torch.Tensor,  # [B, V]
+        draft: torch.Tensor,  # [B, V]
+        candidate_tokens: torch.Tensor,  # [B, C]
+        candidate_valid: torch.Tensor,  # [B, C] bool
+        accept_uniforms: torch.Tensor,  # [B, C] float64
+    ) -> NodeStep:
+        if extras.shape[-1] == 0:  # static: no guesses in the batch
+            return self.node_step(target, draft, candidate_tokens, candidate_valid, accept_uniforms)
+        slots = torch.arange(candidate_valid.shape[1], device=candidate_valid.device)  # [C]
+        last = candidate_valid.sum(-1, keepdim=True) - 1  # [B, 1]
+        guessed = (extras[:, :1] > 0) & (slots[None, :] == last)  # [B, C]
+        return self.node_step(
+            target, draft, candidate_tokens, candidate_valid, accept_uniforms, guessed
+        )
+
     def node_step(
         self,
         target: torch.Tensor,  # [B, V]
@@ -35,20 +70,28 @@ class RecursiveRejection(NodeLowering):
         candidate_tokens: torch.Tensor,  # [B, C]
         candidate_valid: torch.Tensor,  # [B, C]
         accept_uniforms: torch.Tensor,  # [B, C]
+        guessed: torch.Tensor | None = None,  # [B, C] bool: the slot is a guess
     ) -> NodeStep:
         current = target  # [B, V]
         accepted = torch.full_like(candidate_tokens[:, 0], PAD)  # [B]
         for slot in range(candidate_tokens.shape[1]):
             token = candidate_tokens[:, slot]  # [B]
             testing = candidate_valid[:, slot] & (accepted == PAD)  # [B]
+            draft_x = ops.gather_tokens(draft, token)  # [B]
+            if guessed is not None:  # static: a guess is a point mass at its token
+                draft_x = torch.where(guessed[:, slot], torch.ones_like(draft_x), draft_x)
             passes = self.accepts(
-                accept_uniforms[:, slot],
-                ops.gather_tokens(current, token),
-                ops.gather_tokens(draft, token),
+                accept_uniforms[:, slot], ops.gather_tokens(current, token), draft_x
             )  # [B]
             accepted = torch.where(testing & passes, slot, accepted)
             rejected = (testing & ~passes)[:, None]  # [B, 1]
             next_current, next_draft = self.update(current, draft, token)  # new rows each
+            if guessed is not None:  # static: a rejected guess leaves p' without its token
+                guess = guessed[:, slot, None]  # [B, 1]
+                removed = ops.remove_token(current, token)  # [B, V]
+                next_current = torch.where(guess, removed, next_current, out=removed)
+                if next_draft is not draft:  # static: the draft stays after a guess
+                    next_draft = torch.where(guess, draft, next_draft, out=next_draft)
             current = torch.where(rejected, next_current, current, out=next_current)  # [B, V]
             if next_draft is not draft:  # static: specinfer keeps its draft
                 draft = torch.where(rejected, next_draft, draft, out=next_draft)  # [B, V]

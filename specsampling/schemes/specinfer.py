@@ -16,6 +16,19 @@ uniform per child node suffices.
 Acceptance. The recursion of Thomas et al. (2026, Alg. 9), with the **final** residual:
 see :func:`specsampling.calculators.specinfer_acceptance`.
 
+Grafted trees (law ``grafted``, :meth:`specsampling.DraftTree.graft`). A node may hold, after
+its i.i.d. candidates, one candidate :math:`d` guessed from the context alone (prompt lookup).
+Its draw law is the point mass :math:`\delta_d`, independent of the drawn candidates, so the
+same step applies with :math:`\delta_d` for :math:`q`: accept iff :math:`u_d < p'(d)`, else
+:math:`p' \leftarrow \mathrm{norm}((p' - \delta_d)_+)`, :math:`p'` with :math:`d` removed (the
+multi-draft recursion of SpecInfer, one law per candidate). Testing the guess last loses
+nothing: with one drawn candidate the node accepts some candidate with probability
+:math:`p(d) + \sum_{x \ne d} \min(p(x), q(x))`, the most any exact rule accepts there
+(:math:`d` is emitted only through a candidate, and :math:`x \ne d` at most
+:math:`\min(p(x), q(x))`), against :math:`p(d) + \sum_{x \ne d} \min(p(x), (1 - p(d))\,q(x))`
+with the guess first; a guess equal to a drawn token would be rejected surely after it, so
+:meth:`~specsampling.DraftTree.graft` lists none.
+
 Reference: Miao et al., arXiv 2305.09781; Yang et al., MCSD, arXiv 2401.06706.
 """
 
@@ -27,7 +40,15 @@ import numpy as np
 
 from .._types import Probs
 from ..noise import Noise
-from ..ops import accept_probability, accepts, categorical, positive_part, residual, total
+from ..ops import (
+    accept_probability,
+    accepts,
+    categorical,
+    positive_part,
+    remove_token,
+    residual,
+    total,
+)
 from ..tree import DraftTree, DrawLaw
 from ..validation import check_pair, check_positive_int
 from .base import NodeScheme, Step
@@ -38,7 +59,9 @@ class RecursiveRejection(NodeScheme):
     running target, updating it (and, without replacement, the draft) after each rejection.
 
     Subclasses choose the update (:meth:`update`) and the draw laws; the sampled rule and its
-    exact law are written once, here.
+    exact law are written once, here. A guessed candidate (:meth:`DraftTree.guess
+    <specsampling.DraftTree.guess>`, law ``grafted``) is tested as a point mass at its token:
+    accepted iff ``u < p'(x)``, else ``x`` is removed from ``p'`` (renormalised).
     """
 
     def update(self, target: Probs, draft: Probs, token: int) -> tuple[Probs, Probs]:
@@ -49,8 +72,14 @@ class RecursiveRejection(NodeScheme):
         self, tree: DraftTree, node: int, target_probs: Probs, draft_probs: Probs, noise: Noise
     ) -> Step:
         current, draft = target_probs[node], draft_probs[node]
+        guess = tree.guess(node)
         for child in tree.candidates[node]:
             token = tree.tokens[child]
+            if child == guess:  # a point mass at its token, tested last
+                if accepts(noise.accept[child], current[token], 1):
+                    return child, None
+                current = remove_token(current, token)
+                continue
             if accepts(noise.accept[child], current[token], draft[token]):
                 return child, None
             current, draft = self.update(current, draft, token)
@@ -60,14 +89,18 @@ class RecursiveRejection(NodeScheme):
         self, tree: DraftTree, node: int, target_probs: Probs, draft_probs: Probs
     ) -> tuple[list[tuple[int, Any]], Probs]:
         current, draft = target_probs[node], draft_probs[node]
+        guess = tree.guess(node)
         remaining: Any = 1
         descend = []
         for child in tree.candidates[node]:
             token = tree.tokens[child]
-            accept = accept_probability(current[token], draft[token])
+            accept = accept_probability(current[token], 1 if child == guess else draft[token])
             descend.append((child, remaining * accept))
             remaining = remaining * (1 - accept)
-            current, draft = self.update(current, draft, token)
+            if child == guess:
+                current = remove_token(current, token)
+            else:
+                current, draft = self.update(current, draft, token)
         return descend, remaining * current
 
 
@@ -85,7 +118,7 @@ class SpecInfer(RecursiveRejection):
         "Miao et al. 2024, SpecInfer (arXiv 2305.09781); Yang et al. 2024 (arXiv 2401.06706)"
     )
 
-    laws = frozenset({DrawLaw.IID})
+    laws = frozenset({DrawLaw.IID, DrawLaw.GRAFTED})
 
     def closed_acceptance(self, target: Probs, draft: Probs, num_drafts: int) -> Any:
         return specinfer_acceptance(target, draft, num_drafts)
