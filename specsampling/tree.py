@@ -244,10 +244,8 @@ class DraftTree:
             node = child
         if not grown:
             return self
-        if self.law is DrawLaw.IID or self.is_sampled_chain:
-            law, kept = DrawLaw.GRAFTED, tuple(guesses)
-        else:
-            law, kept = DrawLaw.UNKNOWN, ()
+        law = grafted_law(self.law, self.is_chain)
+        kept = tuple(guesses) if law is DrawLaw.GRAFTED else ()
         return DraftTree(tuple(parents), tuple(tokens), tuple(map(tuple, candidates)), law, kept)
 
     @property
@@ -296,6 +294,20 @@ class DraftTree:
     def max_depth(self) -> int:
         """Depth of the deepest node."""
         return max(self.depth(n) for n in range(self.num_nodes))
+
+
+def grafted_law(law: DrawLaw | str, chain: bool) -> DrawLaw:
+    """The law of a tree drawn by ``law`` (a chain when ``chain``) once a guess is grafted
+    in (:meth:`DraftTree.graft`): ``"grafted"`` where its candidates are i.i.d. draws (law
+    ``"iid"``, or a sampled chain), else ``"unknown"``.
+
+    >>> grafted_law("iid", False), grafted_law("without", True), grafted_law("without", False)
+    (<DrawLaw.GRAFTED: 'grafted'>, <DrawLaw.GRAFTED: 'grafted'>, <DrawLaw.UNKNOWN: 'unknown'>)
+    """
+    law = DrawLaw.of(law)
+    if law is DrawLaw.IID or (chain and law in SAMPLED_LAWS):
+        return DrawLaw.GRAFTED
+    return DrawLaw.UNKNOWN
 
 
 def _checked_guesses(

@@ -21,6 +21,7 @@ accept; the negative control rejects at the same ``ALPHA`` (a power check).
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from fractions import Fraction
 
@@ -199,19 +200,22 @@ def grafted_stream_error(scheme, pair, law=None, length=3):
     return stream_error(pair, lambda context: grafted_round_law(scheme, pair, context, law), length)
 
 
-def test_nss_is_exact_for_grafted_trees():
-    """A sampled chain with a deterministic guess grafted beside it: nss's stream law is the
-    target's, exactly in Fractions, and the tree reached nss as law ``unknown``."""
+@pytest.mark.parametrize("name", ["nss", "specinfer"])
+def test_nss_and_specinfer_are_exact_for_grafted_trees(name):
+    """A sampled chain with a deterministic guess grafted beside it (the decoder's own
+    :func:`graft`): the stream law of nss and of specinfer (the guess a point mass) is the
+    target's, exactly in Fractions; the tree reached them as law ``grafted``."""
     for seed in (0, 1):
         pair = ss.pairs.Random(vocab_size=3, seed=seed, exact=True)
-        assert grafted_stream_error(ss.SCHEMES["nss"], pair) == 0
-    with pytest.raises(UnsupportedShape, match="unknown"):
-        grafted_stream_error(ss.SCHEMES["specinfer"], pair)
+        assert grafted_stream_error(ss.SCHEMES[name], pair) == 0
+    with pytest.raises(UnsupportedShape, match="law 'grafted'"):
+        grafted_stream_error(ss.SCHEMES["rsd"], pair)
 
 
 #: Tree schemes that take trees of some sampled law: each, handed a grafted tree labelled with
-#: its own law, is biased (the reason MixedDraft(graft=True) refuses them). standard and block
-#: verify chains only; spechub's trees must hold its hub.
+#: its own law (specinfer: ``iid``, its guesses read as draws from q), is biased (the reason
+#: MixedDraft(graft=True) refuses them, and specinfer tests guesses as point masses). standard
+#: and block verify chains only; spechub's trees must hold its hub.
 LABELLED = {
     "specinfer": "iid",
     "rsd": "without",
@@ -398,11 +402,11 @@ def test_graft_follows_drafted_children_then_hangs_the_rest():
     proposal = Proposal(batch, (expanded, values), raw, drawn="bookkeeping")
     grown = graft(proposal, [[5, 8, 9], [5, 7], []])
     rows = grown.tree.to_trees()
-    # row 0: 5 is drafted, 8 is not: nodes 4 (8 under 5) and 5 (9 under 8), law unknown
+    # row 0: 5 is drafted, 8 is not: nodes 4 (8 under 5) and 5 (9 under 8), law grafted
     assert rows[0].tokens == (-1, 5, 6, 7, 8, 9)
     assert rows[0].parents == (-1, 0, 0, 1, 1, 4)
     assert rows[0].candidates[1] == (3, 4)
-    assert rows[0].law is DrawLaw.UNKNOWN
+    assert rows[0].law is DrawLaw.GRAFTED and rows[0].guesses == (-1, 4, -1, -1, 5, -1)
     # row 1: the guess lies in the drafted tree; row 2: no guess. Both keep tree and law.
     assert rows[1:] == trees[1:]
     assert grown.tree.chains == (False, True, True)
@@ -430,8 +434,9 @@ def test_graft_follows_drafted_children_then_hangs_the_rest():
     assert grown.tree.to_trees()[0].tokens == (-1, 5, 6, 7, 1)
 
 
+@pytest.mark.parametrize("scheme", ["nss", "specinfer"])
 @pytest.mark.parametrize("branch", [False, True], ids=["extends-the-chain", "beside-it"])
-def test_grafted_nodes_are_never_checked_against_a_draft_row(branch):
+def test_grafted_nodes_are_never_checked_against_a_draft_row(branch, scheme):
     """Greedy tables (one-hot rows) and a draft stopped after one token: a lookup that agrees
     with it and runs on extends the model's chain (still a chain), one that disagrees hangs
     beside it; either way the grafted tokens have no draft row of their own, the target's
@@ -446,14 +451,14 @@ def test_grafted_nodes_are_never_checked_against_a_draft_row(branch):
         (torch.tensor([[True, False]]), torch.eye(5)[[2]].double()),  # q(. | root): 2
     )
     grown = graft(proposal, [[4, 3] if branch else [2, 3, 1]])
-    assert grown.tree.chains == (not branch,) and grown.tree.laws == (DrawLaw.UNKNOWN,)
+    assert grown.tree.chains == (not branch,) and grown.tree.laws == (DrawLaw.GRAFTED,)
     argmax = [2, 4, 0, 0]  # the target's greedy token at each depth
     nodes = grown.tree.num_nodes.item()
     target = torch.zeros((1, nodes, 5), dtype=torch.float64)
     for node in range(nodes):
         target[0, node, argmax[grown.tree.depth[0, node]]] = 1.0
     state = SimpleNamespace(generator=torch.Generator().manual_seed(0))
-    verified = verification_for("nss", Shape.chain(3)).verify(state, grown, target)
+    verified = verification_for(scheme, Shape.chain(3)).verify(state, grown, target)
     assert verified.tokens[0, : verified.num_emitted[0]].tolist() == [2, 4]
 
 
@@ -473,10 +478,10 @@ def test_grafted_greedy_equals_generate(pair, shape):
         if shape.is_chain:
             stopping = MixedDraft(ModelDraft(draft, confidence=0.6), graft=True)
             setups.append((stopping, HeuristicLength(initial=2)))
-        for mixed, length in setups:
-            dec = SpeculativeDecoder(target, mixed, "nss", shape, length=length)
+        for (mixed, length), scheme in itertools.product(setups, ["nss", "specinfer"]):
+            dec = SpeculativeDecoder(target, mixed, scheme, shape, length=length)
             out = dec.generate(ids, attention_mask=mask, max_new_tokens=14, temperature=0)
-            assert out.sequences[:, ids.shape[1] :].tolist() == expected, repr(mixed)
+            assert out.sequences[:, ids.shape[1] :].tolist() == expected, (repr(mixed), scheme)
             assert mixed.lookup_rounds > 0
             alone = dec.generate(torch.tensor([prompts[0]]), max_new_tokens=14, temperature=0)
             assert alone.sequences[0, len(prompts[0]) :].tolist() == expected[0], repr(mixed)
@@ -497,6 +502,8 @@ SAMPLING_CASES = [
     ("standard", "int8", {"temperature": 0.8}),
     ("nss", "graft", {}),
     ("nss", "graft, stopping", {"temperature": 0.8}),
+    ("specinfer", "graft", {"temperature": 0.8}),
+    ("specinfer", "graft, stopping", {}),
 ]
 NUM_CHI_SQUARE_TESTS = len(SAMPLING_CASES)
 ALPHA = FALSE_POSITIVE_BUDGET / NUM_CHI_SQUARE_TESTS
@@ -627,9 +634,12 @@ def test_refusals(pair):
     with pytest.raises(ValueError, match="graft: expected True or False"):
         MixedDraft(draft, graft="yes")
     grafting = MixedDraft(draft, graft=True)
-    for scheme, shape in [("standard", Shape.chain(2)), ("specinfer", Shape.paths(2, 2))]:
-        with pytest.raises(UnsupportedShape, match=r"mix draw laws.*\['nss'\]"):
+    for scheme, shape in [("standard", Shape.chain(2)), ("spectr", Shape.paths(2, 2))]:
+        with pytest.raises(UnsupportedShape, match=r"law 'grafted'.*\['nss', 'specinfer'\]"):
             SpeculativeDecoder(target, grafting, scheme, shape)
+    # a lookup branch beside draws without replacement: nss alone
+    with pytest.raises(UnsupportedShape, match=r"law 'unknown'.*\['nss'\]"):
+        SpeculativeDecoder(target, grafting, "rsd", Shape.star(2, replacement=False))
     with pytest.raises(UnsupportedShape, match=r"keyed coupling.*'nss'"):
         SpeculativeDecoder(target, grafting, "gumbel", Shape.chain(2))
     with pytest.raises(ValueError, match="initial: expected at most max_length"):

@@ -226,6 +226,7 @@ def test_decode_ngram_needs_a_chain_before_loading(
         ["--int8-draft", "--confidence", "0.4"],
         ["--graft", "--scheme", "nss"],
         ["--graft", "--scheme", "nss", "--shape", "paths(2, 2)"],
+        ["--graft", "--scheme", "specinfer", "--shape", "paths(2, 2)"],
     ],
     ids=" ".join,
 )
@@ -248,7 +249,9 @@ def test_decode_adaptive_options_print_the_greedy_text(
         (["--graft", "--scheme", "nss"], "--graft: needs a draft model"),
         (
             ["--draft", "smollm2-135m", "--graft"],
-            "scheme: 'standard' is not exact for --graft's trees, which mix draw laws",
+            "scheme: 'standard' is not exact for --graft's trees on chain(4), which mix draw "
+            "laws (a lookup branch beside i.i.d. draws, law 'grafted'); exact for them: "
+            "['nss', 'specinfer']",
         ),
         (
             ["--draft", "smollm2-135m", "--graft", "--mixed", "--scheme", "nss"],

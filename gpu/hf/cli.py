@@ -41,7 +41,7 @@ from specsampling.gpu.hf import (
 )
 from specsampling.gpu.hf import models as _models
 from specsampling.gpu.hf.verification import verification_for
-from specsampling.tree import DrawLaw
+from specsampling.tree import grafted_law
 from specsampling.validation import check_output_dir
 
 #: The dtypes ``decode`` loads the models in.
@@ -288,7 +288,7 @@ def decode_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with a draft model: every round the model drafts the shape and prompt lookup's "
         "continuation is grafted into its tree as one more branch (trees mixing draw laws: "
-        "--scheme nss only) (default: off)",
+        "--scheme specinfer on i.i.d. shapes and chains, or nss) (default: off)",
     )
     made.add_argument(
         "--int8-draft",
@@ -339,7 +339,8 @@ def _decode(args: argparse.Namespace) -> int:
     if args.graft:
         if args.mixed:
             raise ValueError("--graft: mixes prompt lookup into every round; drop --mixed")
-        verification_for(args.scheme, args.shape).check_law(DrawLaw.UNKNOWN, "--graft")
+        law = grafted_law(args.shape.law, args.shape.is_chain)
+        verification_for(args.scheme, args.shape).check_law(law, "--graft")
     adaptive = args.draft_length != "fixed" or args.confidence is not None or args.mixed
     if adaptive and not args.shape.is_chain:
         raise UnsupportedShape(

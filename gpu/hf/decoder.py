@@ -47,7 +47,9 @@ the target's own first layers) samples from its processed distribution (the shap
 :class:`NGramDraft` proposes a deterministic chain (a point mass), exact only for ``nss`` and
 for schemes exact on sampled chains verified with the point-mass rule (``draft_probs=None``);
 every drafter is exact for a keyed coupling. :class:`MixedDraft` with ``graft=True`` proposes
-trees mixing both laws (a lookup branch grafted beside the model's), exact for ``nss`` alone.
+trees mixing both laws (a lookup branch grafted beside the model's): law ``grafted`` beside
+i.i.d. shapes and chains, exact for ``specinfer`` (the guess tested as a point mass) and
+``nss``; beside other shapes, ``nss`` alone.
 Anything else is refused before the first forward.
 """
 

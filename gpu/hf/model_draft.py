@@ -21,7 +21,7 @@ import torch
 
 from specsampling.errors import InvalidDistribution
 from specsampling.shapes import Shape
-from specsampling.tree import DraftTree, DrawLaw
+from specsampling.tree import DrawLaw, grafted_law
 
 from ..chain import chain_batch
 from ..drafting import TreeDrafter
@@ -380,12 +380,15 @@ class MixedDraft(Drafter):
       and the target scores both drafters' guesses in its one forward. Such a tree mixes draw
       laws (sampled branches beside a deterministic one; the drafted part's law depends on the
       context alone), and is drawn apart from the verifier's noise: ``nss`` is exact for it,
-      as for every such tree. The other tree verifiers need their candidates drawn by one
-      sampled law (i.i.d. or without replacement from ``q``, or their own drafting law), which a
-      lookup branch is not (the exact engine finds each biased on such trees), and keyed
-      couplings draft by their race on a fixed plan: all are refused before the first forward.
-      At temperature 0 every scheme verifies the same way (accept while the token is the
-      target's argmax), so ``nss`` loses nothing there.
+      as for every such tree. Beside i.i.d. shapes and chains (law ``grafted``, each new node
+      a guess of :attr:`~specsampling.DraftTree.guesses`) ``specinfer`` is exact too: it tests
+      a node's guess as a point mass after the drawn candidates, and accepts as ``standard``
+      on the model's chain plus the guess where that fails. The other tree verifiers need
+      their candidates drawn by one sampled law (i.i.d. or without replacement from ``q``, or
+      their own drafting law), which a lookup branch is not (the exact engine finds each
+      biased on such trees), and keyed couplings draft by their race on a fixed plan: all are
+      refused before the first forward. At temperature 0 every scheme verifies the same way
+      (accept while the token is the target's argmax).
 
     ``model``: a causal LM, :class:`LayerSkipDraft` or :class:`ModelDraft` (e.g. with
     ``confidence``); ``ngram``: the lookup (default ``NGramDraft(n=3, min_n=2)``).
@@ -413,7 +416,9 @@ class MixedDraft(Drafter):
     def check(self, target: Any, verification: Any) -> None:
         self.model.check(target, verification)
         if self.graft:
-            verification.check_law(DrawLaw.UNKNOWN, "MixedDraft(graft=True)")
+            shape = verification.shape
+            law = grafted_law(shape.law, shape.is_chain)
+            verification.check_law(law, "MixedDraft(graft=True)")
         else:
             verification.check_law(DrawLaw.DETERMINISTIC, "MixedDraft (its prompt-lookup rounds)")
 
@@ -460,40 +465,29 @@ class MixedDraft(Drafter):
 
 def graft(proposal: Proposal, chains: Sequence[Sequence[int]]) -> Proposal:
     """``proposal`` with ``chains[b]`` (token ids; empty: nothing) grafted into row ``b``'s
-    tree: from the root, follow the child carrying the chain's next token while there is one,
-    then hang the chain's remaining tokens below as new nodes (numbered after the existing
-    ones, so node indices, draft rows and the draw's bookkeeping stay valid). A row that gains
-    nodes has law ``DrawLaw.UNKNOWN``; the others keep theirs. Built on the host (the lookup
-    is host work anyway): one read of the tree.
+    tree by :meth:`specsampling.DraftTree.graft`: from the root, follow the child carrying the
+    chain's next token while there is one, then hang the chain's remaining tokens below as new
+    nodes (numbered after the existing ones, so node indices, draft rows and the draw's
+    bookkeeping stay valid). A row that gains nodes has law ``DrawLaw.GRAFTED`` (the new
+    nodes its guesses) where its tree was drawn i.i.d. or is a sampled chain, else
+    ``DrawLaw.UNKNOWN``; the others keep theirs. Built on the host (the lookup is host work
+    anyway): one read of the tree.
 
     >>> import specsampling as ss
     >>> from specsampling.gpu import TreeBatch
     >>> trees = [ss.DraftTree.from_draws([(0, 5), (1, 6)], law="iid")] * 2
     >>> grown = graft(Proposal(TreeBatch.from_trees(trees)), [[5, 7, 8], []]).tree
     >>> grown.tokens.tolist(), grown.parents[0].tolist(), [str(law) for law in grown.laws]
-    ([[-1, 5, 6, 7, 8], [-1, 5, 6, -1, -1]], [-1, 0, 1, 1, 3], ['unknown', 'iid'])
+    ([[-1, 5, 6, 7, 8], [-1, 5, 6, -1, -1]], [-1, 0, 1, 1, 3], ['grafted', 'iid'])
+    >>> grown.guesses.tolist()
+    [[-1, 3, -1, 4, -1], [-1, -1, -1, -1, -1]]
     """
     tree = proposal.tree
     if len(chains) != tree.batch_size:
         raise ValueError(f"chains: expected one per row ({tree.batch_size}), got {len(chains)}")
-    rows = []
-    for reference, chain in zip(tree.to_trees(), chains, strict=True):
-        parents, tokens = list(reference.parents), list(reference.tokens)
-        candidates = [list(c) for c in reference.candidates]
-        node, grown = 0, False
-        for token in chain:
-            child = None
-            if not grown:
-                child = next((c for c in reference.children(node) if tokens[c] == token), None)
-            if child is None:
-                parents.append(node)
-                tokens.append(int(token))
-                candidates.append([])
-                candidates[node].append(len(tokens) - 1)
-                child, grown = len(tokens) - 1, True
-            node = child
-        law = DrawLaw.UNKNOWN if grown else reference.law
-        rows.append(DraftTree(tuple(parents), tuple(tokens), tuple(map(tuple, candidates)), law))
+    rows = [
+        reference.graft(chain) for reference, chain in zip(tree.to_trees(), chains, strict=True)
+    ]
     grafted = TreeBatch.from_trees(rows, tree.device)
     # new node columns; negative where the drafter padded past every row's nodes (a trie merged
     # repeated draws): padding F.pad then crops, never an expanded node

@@ -108,25 +108,29 @@ class TreeVerification:
 
     def check_law(self, law: DrawLaw | None, drafter: str = "the drafter") -> None:
         """Refuse ``drafter`` (named in errors) whose trees have ``law`` (``None``: the
-        shape's own, sampled; ``DrawLaw.UNKNOWN``: trees mixing laws, exact only for schemes
-        exact on every tree drawn apart from the verifier's noise; else a point-mass chain)."""
+        shape's own, sampled; ``DrawLaw.GRAFTED`` / ``DrawLaw.UNKNOWN``: trees mixing laws,
+        a lookup branch grafted into i.i.d. trees / into others, exact for the schemes exact
+        for that law; else a point-mass chain)."""
         reference = self.lowering.reference_scheme
         if law is None:
             reference.check(self.shape)
             return
-        if law is DrawLaw.UNKNOWN:  # trees mixing draw laws (a grafted lookup branch)
-            if not reference.exact_for(DrawLaw.UNKNOWN, False):
+        if law in (DrawLaw.GRAFTED, DrawLaw.UNKNOWN):  # a grafted lookup branch
+            if not reference.exact_for(law, False):
                 exact = sorted(
                     name
                     for name, scheme in ss.SCHEMES.items()
-                    if isinstance(SCHEMES.get(name), TreeLowering)
-                    and scheme.exact_for(DrawLaw.UNKNOWN, False)
+                    if isinstance(SCHEMES.get(name), TreeLowering) and scheme.exact_for(law, False)
+                )
+                which = (
+                    "a lookup branch beside i.i.d. draws"
+                    if law is DrawLaw.GRAFTED
+                    else f"a lookup branch beside draws of law {self.shape.law.value!r}"
                 )
                 raise UnsupportedShape(
-                    f"scheme: {self.name!r} is not exact for {drafter}'s trees, which mix draw "
-                    f"laws (sampled branches beside a deterministic one); exact for every tree "
-                    f"drawn apart from the verifier's noise: {exact}; {self.name!r} is exact for "
-                    f"{reference.support_text()}"
+                    f"scheme: {self.name!r} is not exact for {drafter}'s trees on "
+                    f"{self.shape!r}, which mix draw laws ({which}, law {law.value!r}); exact "
+                    f"for them: {exact}; {self.name!r} is exact for {reference.support_text()}"
                 )
             return
         if not self.shape.is_chain:
@@ -189,11 +193,11 @@ class TreeVerification:
         generator: torch.Generator,
     ) -> Verified:
         """The lowering on one round's tables (chains through the chain fast path).
-        ``draft_probs=None``: point-mass chains, or trees mixing draw laws (a grafted lookup
-        branch, law ``unknown``: a sampled node's row would wrongly flag a grafted child of
-        zero draft probability, and ``nss``, their one verifier, reads no draft row)."""
+        ``draft_probs=None``: point-mass chains, or trees mixing draw laws beside non-i.i.d.
+        draws (law ``unknown``, whose one verifier, ``nss``, reads no draft row)."""
         depth = tree.max_depth
-        if all(tree.chains) and (draft_probs is None or (self.shape.is_chain and depth > 0)):
+        plain = tree.guesses is None  # grafted rows test guesses as point masses: the walk
+        if plain and all(tree.chains) and (draft_probs is None or (self.shape.is_chain and depth)):
             chain_draft = None if draft_probs is None else draft_probs[:, :depth]
             return verify_chain(
                 self.lowering,
@@ -298,9 +302,9 @@ class KeyedVerification:
     def check_law(self, law: DrawLaw | None, drafter: str = "the drafter") -> None:
         """Every drafter is exact for a keyed coupling (drafting only chooses which
         exponentials the drafter shares with the target); point masses come as chains. Trees
-        mixing draw laws (``DrawLaw.UNKNOWN``: a grafted lookup branch) are refused: the keyed
-        walk drafts on its plan alone."""
-        if law is DrawLaw.UNKNOWN:
+        mixing draw laws (``DrawLaw.GRAFTED``, ``DrawLaw.UNKNOWN``: a grafted lookup branch)
+        are refused: the keyed walk drafts on its plan alone."""
+        if law in (DrawLaw.GRAFTED, DrawLaw.UNKNOWN):
             raise UnsupportedShape(
                 f"scheme: {self.name!r} is a keyed coupling, which drafts every node by its keyed "
                 f"race on the decoder shape's plan; {drafter} adds branches the race did not draw "
