@@ -10,8 +10,12 @@ exactly with ``Fraction`` pairs, plus the block efficiency :math:`E[\tau + 1]`. 
           \quad\text{and}\quad \text{error}_{\text{Fraction}} = 0 \text{ on every exact case},
 
 every shape it refuses raises :class:`~specsampling.UnsupportedShape` (from the exact engine and
-from the sampler), no case raises, :math:`1 \le E[\tau + 1] \le \text{depth} + 1`, and its
-single-position closed form (if any) equals exact enumeration. Keyed couplings (``gumbel``,
+from the sampler), no case raises, a tree verifier exact for grafted trees (law ``grafted``:
+i.i.d. draws plus a guess from the context, :meth:`~specsampling.DraftTree.graft`) is lossless
+on its i.i.d. shapes and chains of depth at most two with :func:`lookup_guess` grafted in (the
+same bounds) and every other tree verifier refuses such a tree,
+:math:`1 \le E[\tau + 1] \le \text{depth} + 1`, and its single-position closed form (if
+any) equals exact enumeration. Keyed couplings (``gumbel``,
 ``poisson``, ``gls``, ``gls_strong``) must in addition pass their structural checks
 (:mod:`specsampling.invariance`): with a fixed key the strong ones emit seeded target-only
 decoding for a perfect, the pair's own and an unrelated drafter, with position-keyed and
@@ -51,6 +55,7 @@ from .schemes import (
     tables,
 )
 from .shapes import Shape
+from .tree import DraftTree, DrawLaw, grafted_law
 
 if TYPE_CHECKING:
     from .certify_torch import TorchReport
@@ -66,6 +71,9 @@ EXACT_SEEDS = (0, 1)
 CLOSED_FORM_DRAFTS = (1, 2, 3)
 #: Seeds of the vocabulary-5 pairs of the keyed couplings' drafter-invariance checks.
 STRUCTURAL_SEEDS = (0, 1)
+
+#: Deepest shape the grafted cases use (the guess is two tokens long).
+GRAFT_DEPTH = 2
 
 #: ``progress(done, total, label)``, called after every unit of work.
 Progress = Callable[[int, int, str], None]
@@ -114,6 +122,19 @@ STATIONARY: tuple[tuple[str, tuple[Fraction, ...], tuple[Fraction, ...]], ...] =
     ("one-hot draft", _dist("1/3 1/3 1/3"), _dist("1 0 0")),
     ("masses near 1e-12", (1 - 2 * _TINY, _TINY, _TINY), (_TINY, _HALF, _HALF - _TINY)),
 )
+
+
+def lookup_guess(prefix: tuple[int, ...]) -> list[int]:
+    """The guess certification grafts into every tree (a stand-in for prompt lookup): the two
+    tokens after the context's last one (``0`` before any), modulo 3, the smallest vocabulary
+    the cases use (``vocab_for`` gives 3 to 6), so the guess follows some drawn trees and leaves
+    others.
+
+    >>> lookup_guess(()), lookup_guess((4, 2))
+    ([1, 2], [0, 1])
+    """
+    last = prefix[-1] if prefix else 0
+    return [(last + 1) % 3, (last + 2) % 3]
 
 
 def vocab_for(shape: Shape, budget: int = TREE_BUDGET) -> int:
@@ -178,6 +199,9 @@ class SchemeReport:
     #: Keyed couplings: drafter-invariance runs (strong or conditional), see
     #: :mod:`specsampling.invariance`; 0 for the other schemes.
     structural_checks: int = 0
+    #: Tree verifiers exact for law ``grafted``: lossless cases with :func:`lookup_guess`
+    #: grafted in (float and exact); 0 for the other schemes.
+    grafted_cases: int = 0
 
     @property
     def certified(self) -> bool:
@@ -266,10 +290,12 @@ class _Plan:
     cases: tuple[tuple[Shape, str, ModelPair, bool], ...]
     closed: tuple[tuple[int, str, ModelPair], ...]
     structural: tuple[tuple[Shape, str, ModelPair, int | None], ...] = ()
+    grafted: tuple[tuple[Shape, str, ModelPair, bool], ...] = ()
 
     @property
     def size(self) -> int:
-        return len(self.cases) + len(self.refused) + len(self.closed) + len(self.structural)
+        parts = (self.cases, self.refused, self.closed, self.structural, self.grafted)
+        return sum(len(part) for part in parts)
 
 
 def _plan(scheme: Scheme) -> _Plan:
@@ -302,7 +328,15 @@ def _plan(scheme: Scheme) -> _Plan:
             for pair in (Random(5, seed) for seed in STRUCTURAL_SEEDS)
             for window in (None, 2)
         )
-    return _Plan(supported, refused, cases, closed, structural)
+    grafted: tuple[tuple[Shape, str, ModelPair, bool], ...] = ()
+    if isinstance(scheme, TreeVerifier) and scheme.exact_for(DrawLaw.GRAFTED, False):
+        grafted = tuple(
+            (shape, label, pair, exact)
+            for shape, label, pair, exact in cases
+            if shape.depth <= GRAFT_DEPTH
+            and grafted_law(shape.law, shape.is_chain) is DrawLaw.GRAFTED
+        )
+    return _Plan(supported, refused, cases, closed, structural, grafted)
 
 
 def _run(scheme: Scheme, plan: _Plan, tick: Callable[[str], None]) -> SchemeReport:
@@ -352,6 +386,22 @@ def _run(scheme: Scheme, plan: _Plan, tick: Callable[[str], None]) -> SchemeRepo
             structural += 1
             violations.extend(Violation(repr(shape), label, "invariance", d) for d in found)
         tick(f"{scheme.name} invariance {shape!r}")
+    for shape, label, pair, exact in plan.grafted:
+        try:
+            error = lossless_error(scheme, pair, shape, graft=lookup_guess)
+        except Exception as err:
+            violations.append(Violation(f"{shape!r} grafted", label, "exception", _describe(err)))
+        else:
+            if exact:
+                exact_errors.append(error)
+            else:
+                float_errors.append(float(error))
+            if (error != 0) if exact else not float(error) <= TOLERANCE:
+                kind = "exact error" if exact else "float error"
+                violations.append(Violation(f"{shape!r} grafted", label, kind, str(error)))
+        tick(f"{scheme.name} {shape!r} grafted")
+    if isinstance(scheme, TreeVerifier) and not scheme.exact_for(DrawLaw.GRAFTED, False):
+        violations.extend(_check_grafted_refusal(scheme))
     max_exact = max(exact_errors, key=abs, default=None)
     return SchemeReport(
         name=scheme.name,
@@ -369,7 +419,33 @@ def _run(scheme: Scheme, plan: _Plan, tick: Callable[[str], None]) -> SchemeRepo
         closed_form_checks=checked,
         violations=tuple(violations),
         structural_checks=structural,
+        grafted_cases=len(plan.grafted),
     )
+
+
+def _check_grafted_refusal(scheme: TreeVerifier) -> list[Violation]:
+    """``verify`` and ``verdict_law`` must refuse a grafted tree (law ``grafted``)."""
+    label = "stationary: " + STATIONARY[0][0]
+    pair = Stationary([float(x) for x in STATIONARY[0][1]], [float(x) for x in STATIONARY[0][2]])
+    tree = DraftTree.chain([0], law="iid").graft(lookup_guess(()))
+    target, draft = tables(pair, tree)
+    noise = Noise.draw(np.random.default_rng(0), tree.num_nodes)
+    calls: tuple[tuple[str, Callable[[], object]], ...] = (
+        ("verify", lambda: scheme.verify(tree, target, draft, noise)),
+        ("verdict_law", lambda: scheme.verdict_law(tree, target, draft)),
+    )
+    found = []
+    for name, call in calls:
+        try:
+            call()
+        except UnsupportedShape:
+            continue
+        except Exception as err:
+            detail = f"{name} raised {_describe(err)} instead of UnsupportedShape"
+        else:
+            detail = f"{name} silently verified a grafted tree it is not exact for"
+        found.append(Violation("grafted chain(1)", label, "refusal", detail))
+    return found
 
 
 def _check_invariance(

@@ -575,6 +575,8 @@ def _row(scheme: SchemeReport) -> tuple[str, ...]:
     closed = f"{scheme.closed_form_checks} ok" if scheme.closed_form_checks else "-"
     if scheme.structural_checks:
         closed += f", {scheme.structural_checks} invariance"
+    if scheme.grafted_cases:
+        closed += f", {scheme.grafted_cases} grafted"
     verdict = "certified" if scheme.certified else f"VIOLATION ({len(scheme.violations)})"
     return (
         scheme.name,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -28,7 +29,7 @@ import numpy as np
 from ._types import Law, Prefix, Probs
 from .ops import clip_probability
 from .pairs import ModelPair, Stationary, check_model_pair
-from .schemes import KeyedCoupling, Scheme, SchemeLike, get_scheme
+from .schemes import KeyedCoupling, Scheme, SchemeLike, TreeVerifier, get_scheme, tables
 from .shapes import Shape, check_shape
 from .validation import check_positive_int, check_prefix
 
@@ -42,6 +43,9 @@ MAX_TREES = 2_000_000
 MAX_TABLE_ENTRIES = 10**9
 #: Rounds estimated above this many trees print their progress on standard error.
 PROGRESS_ABOVE = 20_000
+#: A guess of the next tokens from the context alone (prompt lookup's role): ``graft(prefix)``
+#: gives token ids that :meth:`~specsampling.DraftTree.graft` grafts into every drafted tree.
+Graft = Callable[[Prefix], Sequence[int]]
 _MONTE_CARLO = (
     "estimate it by Monte Carlo instead: specsampling.simulators.estimate_emitted(scheme, pair, "
     "shape, num_rounds, rng)"
@@ -100,12 +104,16 @@ def round_law(
     prefix: Prefix = (),
     *,
     max_trees: int = MAX_TREES,
+    graft: Graft | None = None,
 ) -> Law:
     """Exact law of the tokens one round emits after ``prefix``.
 
     Returns ``{emitted tuple: probability}``; each tuple holds the accepted drafts and the next
     token, so its length is ``num_accepted + 1``. Refuses rounds of more than ``max_trees``
-    draftable trees (:func:`check_work`).
+    draftable trees (:func:`check_work`). ``graft``: a guess from the context alone
+    (:data:`Graft`), grafted into every drafted tree before it is verified (trees of law
+    ``grafted`` beside i.i.d. shapes and chains, ``unknown`` beside others): the round of a
+    drafter that mixes prompt lookup into its sampled tree; tree verifiers only.
 
     >>> import specsampling as ss
     >>> from fractions import Fraction as F
@@ -120,7 +128,12 @@ def round_law(
     law: Law = {}
     vocab_size = pair.vocab_size
     progress = _Progress(f"round law of {resolved.name!r} on {shape!r}", count)
-    for tree, weight, verdicts in resolved.outcomes(pair, shape, tuple(prefix)):
+    outcomes = (
+        resolved.outcomes(pair, shape, tuple(prefix))
+        if graft is None
+        else _grafted_outcomes(resolved, pair, shape, tuple(prefix), graft)
+    )
+    for tree, weight, verdicts in outcomes:
         progress.tick()
         for verdict, prob in verdicts.items():
             if not 0 <= verdict.token < vocab_size:
@@ -129,6 +142,23 @@ def round_law(
             law[emitted] = law.get(emitted, 0) + weight * prob
     progress.done()
     return law
+
+
+def _grafted_outcomes(
+    scheme: Scheme, pair: ModelPair, shape: Shape, prefix: Prefix, graft: Graft
+) -> Iterator[tuple[Any, Any, Any]]:
+    """``scheme.outcomes`` with ``graft(prefix)`` grafted into every drafted tree."""
+    if not isinstance(scheme, TreeVerifier):
+        raise ValueError(
+            f"graft: {scheme.name!r} drafts by its own keyed race; a guess can be grafted only "
+            "into the trees of a tree verifier"
+        )
+    if not callable(graft):
+        raise TypeError(f"graft: expected a function of the prefix, got {graft!r}")
+    guess = check_prefix(graft(prefix), pair.vocab_size, "graft(prefix)")
+    for tree, weight in shape.enumerate(pair, prefix):
+        grown = tree.graft(guess)
+        yield grown, weight, scheme.verdict_law(grown, *tables(pair, grown, prefix))
 
 
 def target_joint(pair: ModelPair, length: int, prefix: Prefix = ()) -> Law:
@@ -153,10 +183,13 @@ def extended_law(
     prefix: Prefix = (),
     *,
     max_trees: int = MAX_TREES,
+    graft: Graft | None = None,
 ) -> Law:
-    """Law of the next ``length`` tokens: one round of ``scheme``, then target samples."""
+    """Law of the next ``length`` tokens: one round of ``scheme`` (``graft``: as
+    :func:`round_law`), then target samples."""
     law: Law = {}
-    for emitted, prob in round_law(scheme, pair, shape, prefix, max_trees=max_trees).items():
+    rounds = round_law(scheme, pair, shape, prefix, max_trees=max_trees, graft=graft)
+    for emitted, prob in rounds.items():
         if len(emitted) >= length:
             _add(law, emitted[:length], prob)
             continue
@@ -214,24 +247,35 @@ def lossless_error(
     prefix: Prefix = (),
     *,
     max_trees: int = MAX_TREES,
+    graft: Graft | None = None,
 ) -> Any:
     """Max absolute deviation of the emitted law from the target joint (0 iff lossless).
 
     The emitted law is one round of ``scheme`` followed by target samples, over the next
-    ``length`` tokens (default ``shape.depth + 1``, the longest round output): the lossless
-    criterion of ``docs/notation.md``. Exactly ``0`` with ``Fraction`` pairs for an exact
-    scheme; about ``1e-16`` in float64.
+    ``length`` tokens (default ``shape.depth + 1``, the longest round output; with ``graft``,
+    a guess grafted into every tree as in :func:`round_law`, the longer of the shape and the
+    guess, plus one): the lossless criterion of ``docs/notation.md``. Exactly ``0`` with
+    ``Fraction`` pairs for an exact scheme; about ``1e-16`` in float64.
 
     >>> import specsampling as ss
     >>> pair = ss.pairs.Random(vocab_size=3, seed=1, exact=True)
     >>> ss.lossless_error("rsd", pair, ss.Shape.branching((2, 1)))
     Fraction(0, 1)
+    >>> lookup = lambda prefix: [2, 0]  # a guess from the context alone
+    >>> ss.lossless_error("specinfer", pair, ss.Shape.chain(1), graft=lookup)
+    Fraction(0, 1)
     """
     resolved = get_scheme(scheme)
     check_model_pair(pair)
     check_shape(shape)
-    length = shape.depth + 1 if length is None else check_positive_int(length, "length")
-    emitted = extended_law(resolved, pair, shape, length, prefix, max_trees=max_trees)
+    if length is not None:
+        length = check_positive_int(length, "length")
+    elif graft is None:
+        length = shape.depth + 1
+    else:
+        guessed = graft(tuple(prefix)) if callable(graft) else ()
+        length = max(shape.depth, len(guessed)) + 1
+    emitted = extended_law(resolved, pair, shape, length, prefix, max_trees=max_trees, graft=graft)
     target = target_joint(pair, length, prefix)
     deviations = [abs(emitted.get(seq, 0) - target.get(seq, 0)) for seq in {*emitted, *target}]
     return max(deviations)

@@ -193,3 +193,62 @@ def test_guesses_are_checked():
     with pytest.raises(ValueError, match="integer ids"):
         DraftTree.chain([4], law="iid").graft([1.5])
     assert tree.with_law("iid").guesses == () and tree.with_law("grafted") == tree
+
+
+# ----------------------------------------------------------------------------- the engine
+def test_the_exact_engine_grafts_as_this_file_does():
+    """``ss.lossless_error(..., graft=)`` and ``ss.round_law(..., graft=)`` agree with this
+    file's own enumeration, and refuse what they cannot graft."""
+    pair = pairs()[1]
+    shape = Shape.chain(2)
+
+    def lookup(prefix):
+        return guess(prefix, 3)
+
+    law = ss.round_law("specinfer", pair, shape, graft=lookup)
+    assert law == grafted_round(ss.SCHEMES["specinfer"], pair, shape, ())
+    assert ss.lossless_error("specinfer", pair, shape, graft=lookup) == 0
+    biased = MislabelledSpecInfer()
+    errors = [ss.lossless_error(biased, p, shape, graft=lookup) for p in pairs()]
+    assert max(errors) > F(1, 100)
+    with pytest.raises(ValueError, match="graft: 'gumbel' drafts by its own keyed race"):
+        ss.round_law("gumbel", pair, shape, graft=lookup)
+    with pytest.raises(TypeError, match="graft: expected a function"):
+        ss.round_law("specinfer", pair, shape, graft=[1, 2])
+    with pytest.raises(ss.InvalidDistribution, match=r"graft\(prefix\)\[0\]: id 7"):
+        ss.round_law("specinfer", pair, shape, graft=lambda prefix: [7])
+
+
+class MislabelledSpecInfer(type(ss.SCHEMES["specinfer"])):  # type: ignore[misc]
+    """Reads every guess as a draw from ``q``: the mutant certification must catch."""
+
+    name = "specinfer_guess_as_draw"
+
+    def node_verify(self, tree, node, target_probs, draft_probs, noise):
+        return super().node_verify(tree.with_law("iid"), node, target_probs, draft_probs, noise)
+
+    def node_law(self, tree, node, target_probs, draft_probs):
+        return super().node_law(tree.with_law("iid"), node, target_probs, draft_probs)
+
+
+def test_certify_runs_the_grafted_cases_and_catches_the_mutant():
+    from specsampling.certify import certify
+
+    good, bad = certify([ss.SCHEMES["specinfer"], MislabelledSpecInfer()]).schemes
+    assert good.certified and good.grafted_cases > 0
+    assert not bad.certified
+    assert {v.kind for v in bad.violations} <= {"exact error", "float error"}
+    assert all(v.shape.endswith("grafted") for v in bad.violations)
+
+
+def test_certify_checks_that_other_tree_verifiers_refuse_grafted_trees():
+    from specsampling.certify import _check_grafted_refusal
+
+    assert _check_grafted_refusal(ss.SCHEMES["spectr"]) == []
+
+    class Silent(type(ss.SCHEMES["spectr"])):  # type: ignore[misc]
+        def check_tree(self, tree):  # the law check removed
+            return None
+
+    found = _check_grafted_refusal(Silent())
+    assert [v.kind for v in found] == ["refusal", "refusal"]
