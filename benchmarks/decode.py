@@ -98,6 +98,7 @@ OURS_T1 = [
     ("int8 cost model", "standard", CHAIN(5), "int8,cost"),
     ("int8 specinfer paths(2, 4)", "specinfer", PATHS(2, 4), "int8"),
     ("int8 grafted chain(6)", "nss", CHAIN(6), "int8,graft"),
+    ("int8 grafted chain(6), specinfer", "specinfer", CHAIN(6), "int8,graft"),
     ("int8 traversal delayed(2, 3, 2)", "traversal", DELAYED(2, trunk=3, branch=2), "int8"),
     ("int8 traversal paths(2, 4)", "traversal", PATHS(2, 4), "int8"),
 ]
