@@ -22,10 +22,14 @@ from specsampling.schemes import tables
 pytestmark = pytest.mark.slow
 
 
-def rounds(shapes: tuple[ss.Shape, ...]):
+def rounds(shapes: tuple[ss.Shape, ...], grafted: bool = False):
+    """Three trees of each shape (small: compile time); ``grafted``: a guess grafted into each
+    (following its first drawn token, then leaving the drawn tree)."""
     pair = ss.pairs.Random(6, seed=0)
     rng = np.random.default_rng(0)
-    trees = [shape.draft(pair, rng) for shape in shapes for _ in range(3)]  # small: compile time
+    trees = [shape.draft(pair, rng) for shape in shapes for _ in range(3)]
+    if grafted:
+        trees = [tree.graft([tree.tokens[1], 5, 4]) for tree in trees]
     batch = ssg.TreeBatch.from_trees(trees)
     target, draft = ssg.tables_batch(*zip(*(tables(pair, tree) for tree in trees), strict=True))
     noise = ssg.Noise.from_reference([ss.Noise.draw(rng, tree.num_nodes) for tree in trees])
@@ -33,14 +37,18 @@ def rounds(shapes: tuple[ss.Shape, ...]):
 
 
 CASES = [
-    (ssg.get_lowering("standard"), (ss.Shape.chain(3), ss.Shape.chain(1))),
-    (lowered.ResiSpec(reference.Greedy()), (ss.Shape.star(2),)),
+    (ssg.get_lowering("standard"), (ss.Shape.chain(3), ss.Shape.chain(1)), False),
+    (lowered.ResiSpec(reference.Greedy()), (ss.Shape.star(2),), False),
+    (ssg.get_lowering("specinfer"), (ss.Shape.chain(2), ss.Shape.star(2)), True),
 ]
 
 
-@pytest.mark.parametrize("lowering, shapes", CASES, ids=["standard", "resispec-greedy"])
-def test_walk_compiles_without_graph_breaks(lowering, shapes) -> None:
-    batch, target, draft, noise = rounds(shapes)
+@pytest.mark.parametrize(
+    "lowering, shapes, grafted", CASES, ids=["standard", "resispec-greedy", "specinfer-grafted"]
+)
+def test_walk_compiles_without_graph_breaks(lowering, shapes, grafted) -> None:
+    batch, target, draft, noise = rounds(shapes, grafted)
+    assert (batch.guesses is not None) == grafted
     torch._dynamo.reset()
     compiled = torch.compile(lowering.walk, fullgraph=True)  # raises on any graph break
     got = compiled(batch, target, draft, noise)
