@@ -79,7 +79,7 @@ def residual(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Ten
     [[1.0, 0.0], [0.5, 0.5]]
     """
     weights = (target_probs - draft_probs).clamp_min_(0)  # [B, V], the one new row buffer
-    mass = weights.sum(-1, keepdim=True)  # [B, 1]
+    mass = numpy_sum(weights)[..., None]  # [B, 1], in numpy's order in float64
     has_mass = mass > 0  # [B, 1]
     weights.div_(torch.where(has_mass, mass, torch.ones_like(mass)))  # [B, V]
     return torch.where(has_mass, weights, target_probs, out=weights)  # [B, V]
@@ -94,7 +94,7 @@ def remove_token(probs: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
     [[0.0, 0.5, 0.5]]
     """
     out = probs.scatter(-1, token[:, None], 0.0)  # [B, V]
-    mass = out.sum(-1, keepdim=True)  # [B, 1]
+    mass = numpy_sum(out)[..., None]  # [B, 1], in numpy's order in float64
     return out.div_(torch.where(mass > 0, mass, torch.ones_like(mass)))  # zeros stay zeros
 
 

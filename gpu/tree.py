@@ -96,6 +96,8 @@ class TreeBatch:
         object.__setattr__(self, "laws", laws)
         if self.guesses is None and DrawLaw.GRAFTED in laws:
             raise ValueError("TreeBatch: rows of law 'grafted' need their guesses ([B, N])")
+        if self.guesses is not None:
+            _check_guesses(self.guesses, self.candidates, laws)
         # Host metadata, computed once here (never inside a verify call), in one host read.
         if not self.chains or self.max_depth < 0 or not self.level_slots:
             counts = (self.candidates != PAD).sum(-1)  # [B, N]
@@ -241,6 +243,22 @@ class TreeBatch:
             chains=(True,) * batch_size,
             max_depth=0,
             level_slots=(0,),
+        )
+
+
+def _check_guesses(guesses: torch.Tensor, candidates: torch.Tensor, laws: tuple) -> None:
+    """Raise :class:`ValueError` unless every entry of ``guesses [B, N]`` is ``PAD`` or, in a
+    row of law ``grafted``, its node's last candidate listed once (what
+    :meth:`specsampling.DraftTree.graft` builds; one host read, at construction)."""
+    grafted = torch.tensor([law is DrawLaw.GRAFTED for law in laws], device=guesses.device)
+    counts = (candidates != PAD).sum(-1)  # [B, N]
+    last = candidates.gather(-1, (counts - 1).clamp_min(0)[..., None]).squeeze(-1)  # [B, N]
+    once = (candidates == guesses[..., None]).sum(-1) == 1  # [B, N]
+    placed = grafted[:, None] & (counts > 0) & (last == guesses) & once  # [B, N]
+    if not bool(((guesses == PAD) | ((guesses >= 0) & placed)).all()):
+        raise ValueError(
+            "TreeBatch: guesses must be -1, or in rows of law 'grafted' the node's last "
+            "candidate, listed once (TreeBatch.from_trees of DraftTree.graft trees)"
         )
 
 

@@ -12,8 +12,8 @@ exactly with ``Fraction`` pairs, plus the block efficiency :math:`E[\tau + 1]`. 
 every shape it refuses raises :class:`~specsampling.UnsupportedShape` (from the exact engine and
 from the sampler), no case raises, a tree verifier exact for grafted trees (law ``grafted``:
 i.i.d. draws plus a guess from the context, :meth:`~specsampling.DraftTree.graft`) is lossless
-on its i.i.d. shapes and chains of depth at most two with :func:`lookup_guess` grafted in (the
-same bounds) and every other tree verifier refuses such a tree,
+on its i.i.d. shapes and chains of depth at most two with :func:`lookup_guess` grafted in, at
+two contexts (the same bounds) and every other tree verifier refuses such a tree,
 :math:`1 \le E[\tau + 1] \le \text{depth} + 1`, and its single-position closed form (if
 any) equals exact enumeration. Keyed couplings (``gumbel``,
 ``poisson``, ``gls``, ``gls_strong``) must in addition pass their structural checks
@@ -72,8 +72,10 @@ CLOSED_FORM_DRAFTS = (1, 2, 3)
 #: Seeds of the vocabulary-5 pairs of the keyed couplings' drafter-invariance checks.
 STRUCTURAL_SEEDS = (0, 1)
 
-#: Deepest shape the grafted cases use (the guess is two tokens long).
+#: Deepest shape the grafted cases use (the guess is two tokens long), and the contexts they
+#: start from (:func:`lookup_guess` guesses ``[1, 2]`` and ``[0, 1]`` there).
 GRAFT_DEPTH = 2
+GRAFT_PREFIXES = ((), (2,))
 
 #: ``progress(done, total, label)``, called after every unit of work.
 Progress = Callable[[int, int, str], None]
@@ -387,8 +389,12 @@ def _run(scheme: Scheme, plan: _Plan, tick: Callable[[str], None]) -> SchemeRepo
             violations.extend(Violation(repr(shape), label, "invariance", d) for d in found)
         tick(f"{scheme.name} invariance {shape!r}")
     for shape, label, pair, exact in plan.grafted:
-        try:
-            error = lossless_error(scheme, pair, shape, graft=lookup_guess)
+        try:  # two contexts, two guesses ([1, 2] and [0, 1])
+            errors = [
+                lossless_error(scheme, pair, shape, prefix=start, graft=lookup_guess)
+                for start in GRAFT_PREFIXES
+            ]
+            error = max(errors, key=abs)
         except Exception as err:
             violations.append(Violation(f"{shape!r} grafted", label, "exception", _describe(err)))
         else:

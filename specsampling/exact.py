@@ -268,12 +268,13 @@ def lossless_error(
     resolved = get_scheme(scheme)
     check_model_pair(pair)
     check_shape(shape)
+    guessed: tuple[Any, ...] = ()
+    if graft is not None and callable(graft):  # one call: the round is at ``prefix`` alone
+        guessed = tuple(graft(tuple(prefix)))
+        graft = lambda context: guessed  # noqa: E731
     if length is not None:
         length = check_positive_int(length, "length")
-    elif graft is None:
-        length = shape.depth + 1
     else:
-        guessed = graft(tuple(prefix)) if callable(graft) else ()
         length = max(shape.depth, len(guessed)) + 1
     emitted = extended_law(resolved, pair, shape, length, prefix, max_trees=max_trees, graft=graft)
     target = target_joint(pair, length, prefix)

@@ -211,9 +211,9 @@ class DraftTree:
 
         A tree that gains nodes is a mixed tree: law ``"grafted"``, the new nodes its
         :attr:`guesses`, when this tree's candidates are i.i.d. draws (law ``"iid"``, or a
-        sampled chain, whose single candidates are plain draws whatever the law); else law
-        ``"unknown"``. A chain the tree already holds adds nothing (a guess that equals a drawn
-        candidate would be rejected surely after it, see ``specinfer``).
+        sampled chain: one candidate per node drawn by a law of ``SAMPLED_LAWS``, a plain
+        draw); else law ``"unknown"``. A chain the tree already holds adds nothing (a guess
+        that equals a drawn candidate would be rejected surely after it, see ``specinfer``).
 
         >>> tree = DraftTree.chain([4, 2], law="iid").graft([4, 7, 8])
         >>> tree.tokens, tree.candidates, tree.law, tree.guesses
@@ -317,6 +317,8 @@ def _checked_guesses(
     if isinstance(guesses, (str, bytes)) or not isinstance(guesses, Iterable):
         raise ValueError(f"tree: guesses must be a sequence of node ids, got {guesses!r}")
     ids = tuple(_node_id(g, "guesses") for g in guesses)
+    if any(g < -1 for g in ids):
+        raise ValueError(f"tree: guesses hold child node ids or -1 (none), got {min(ids)}")
     if law is not DrawLaw.GRAFTED:
         if any(g >= 0 for g in ids):
             raise ValueError(

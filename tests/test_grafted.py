@@ -188,6 +188,8 @@ def test_guesses_are_checked():
         DraftTree(tree.parents, tree.tokens, ((2, 1), (), ()), "grafted", tree.guesses)
     with pytest.raises(ValueError, match="integer ids"):
         DraftTree(tree.parents, tree.tokens, tree.candidates, "grafted", (2.0, -1, -1))
+    with pytest.raises(ValueError, match="child node ids or -1"):  # -5 is not "none"
+        DraftTree(tree.parents, tree.tokens, tree.candidates, "grafted", (-5, -1, -1))
     with pytest.raises(TypeError, match="chain: expected a sequence"):
         DraftTree.chain([4], law="iid").graft(5)
     with pytest.raises(ValueError, match="integer ids"):

@@ -43,7 +43,7 @@ class RecursiveRejection(NodeLowering):
         extras, the plain loop) for batches without guesses."""
         if batch.guesses is None:  # static: host metadata
             return super().node_extras(batch, target_probs, draft_probs)
-        return (batch.guesses != PAD)[..., None].to(draft_probs.dtype)  # [B, N, 1]
+        return (batch.guesses >= 0)[..., None].to(draft_probs.dtype)  # [B, N, 1]
 
     def step(
         self,
@@ -87,11 +87,11 @@ class RecursiveRejection(NodeLowering):
             rejected = (testing & ~passes)[:, None]  # [B, 1]
             next_current, next_draft = self.update(current, draft, token)  # new rows each
             if guessed is not None:  # static: a rejected guess leaves p' without its token
-                guess = guessed[:, slot, None]  # [B, 1]
+                # (only specinfer takes grafted rows, so the draft stays: rsd refuses them)
                 removed = ops.remove_token(current, token)  # [B, V]
-                next_current = torch.where(guess, removed, next_current, out=removed)
-                if next_draft is not draft:  # static: the draft stays after a guess
-                    next_draft = torch.where(guess, draft, next_draft, out=next_draft)
+                next_current = torch.where(
+                    guessed[:, slot, None], removed, next_current, out=removed
+                )
             current = torch.where(rejected, next_current, current, out=next_current)  # [B, V]
             if next_draft is not draft:  # static: specinfer keeps its draft
                 draft = torch.where(rejected, next_draft, draft, out=next_draft)  # [B, V]
