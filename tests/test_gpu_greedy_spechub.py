@@ -70,13 +70,19 @@ def draw_rounds(name: str, pair: Any, seed: int, shape_list: list[ss.Shape]) -> 
     return [rounds[i] for i in rng.permutation(len(rounds))]
 
 
+@pytest.mark.parametrize("route", ["numpy", "replayed"])
 @pytest.mark.parametrize("vocab", [*range(1, 20), 64, 127, 128, 129, 136, 300, 1031, 8200])
-def test_numpy_sum_is_numpy_bit_for_bit(vocab: int) -> None:
+def test_numpy_sum_is_numpy_bit_for_bit(vocab: int, route: str, monkeypatch) -> None:
+    """Both routes: numpy's own sum of the rows (the CPU outside ``torch.compile``) and the
+    replayed plan (accelerators and compiled graphs), on contiguous and strided rows."""
+    if route == "replayed":
+        monkeypatch.setattr(ssg.ops, "host_reads_free", lambda tensor: False)
     rng = np.random.default_rng(vocab)
     rows = rng.dirichlet(np.ones(vocab), size=64) * rng.random((64, 1))
     rows[rng.random(rows.shape) < 0.3] = 0.0
     expected = [float(row.sum()) for row in rows]
     assert numpy_sum(torch.tensor(rows)).tolist() == expected
+    assert numpy_sum(torch.tensor(rows.T.copy()).T).tolist() == expected  # strided rows
     assert numpy_sum(torch.tensor(rows[None])).shape == (1, 64)  # leading axes are kept
 
 

@@ -367,6 +367,7 @@ def test_no_host_sync_without_validation_and_few_reads_with_it(device, monkeypat
     """validate=False never reads the host on an accelerator (checked on the CPU too, through
     the accelerator's route: the CPU itself keeps the partial sort, whose reads are free)."""
     monkeypatch.setattr(processing, "_reads_are_free", lambda device: False)
+    monkeypatch.setattr(processing.ops, "host_reads_free", lambda tensor: False)  # the replay
     x = torch.randn(4, 50, dtype=torch.float64, device=device)
     params = {
         "temperature": torch.tensor([0.0, 0.5, 1.0, 2.0], device=device),
