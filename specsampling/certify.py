@@ -431,8 +431,7 @@ def _run(scheme: Scheme, plan: _Plan, tick: Callable[[str], None]) -> SchemeRepo
 
 def _check_grafted_refusal(scheme: TreeVerifier) -> list[Violation]:
     """``verify`` and ``verdict_law`` must refuse a grafted tree (law ``grafted``)."""
-    label = "stationary: " + STATIONARY[0][0]
-    pair = Stationary([float(x) for x in STATIONARY[0][1]], [float(x) for x in STATIONARY[0][2]])
+    label, pair = _refusal_pair()
     tree = DraftTree.chain([0], law="iid").graft(lookup_guess(()))
     target, draft = tables(pair, tree)
     noise = Noise.draw(np.random.default_rng(0), tree.num_nodes)
@@ -440,6 +439,21 @@ def _check_grafted_refusal(scheme: TreeVerifier) -> list[Violation]:
         ("verify", lambda: scheme.verify(tree, target, draft, noise)),
         ("verdict_law", lambda: scheme.verdict_law(tree, target, draft)),
     )
+    silent = "{name} silently verified a grafted tree it is not exact for"
+    return _unrefused(calls, "grafted chain(1)", label, silent)
+
+
+def _refusal_pair() -> tuple[str, ModelPair]:
+    """The first stationary edge case, in float64: what the refusal checks call with."""
+    label, target, draft = STATIONARY[0]
+    return "stationary: " + label, Stationary([float(x) for x in target], [float(x) for x in draft])
+
+
+def _unrefused(
+    calls: Sequence[tuple[str, Callable[[], object]]], shape: str, label: str, silent: str
+) -> list[Violation]:
+    """A ``refusal`` violation for each call that does not raise ``UnsupportedShape``
+    (``silent``: the detail when it returns, a format string of ``name``)."""
     found = []
     for name, call in calls:
         try:
@@ -449,8 +463,8 @@ def _check_grafted_refusal(scheme: TreeVerifier) -> list[Violation]:
         except Exception as err:
             detail = f"{name} raised {_describe(err)} instead of UnsupportedShape"
         else:
-            detail = f"{name} silently verified a grafted tree it is not exact for"
-        found.append(Violation("grafted chain(1)", label, "refusal", detail))
+            detail = silent.format(name=name)
+        found.append(Violation(shape, label, "refusal", detail))
     return found
 
 
@@ -469,26 +483,15 @@ def _check_invariance(
 
 def _check_refusal(scheme: Scheme, shape: Shape) -> list[Violation]:
     """A refused shape must raise ``UnsupportedShape`` from the exact engine and the sampler."""
-    label = "stationary: " + STATIONARY[0][0]
-    pair = Stationary([float(x) for x in STATIONARY[0][1]], [float(x) for x in STATIONARY[0][2]])
+    label, pair = _refusal_pair()
     calls: Sequence[tuple[str, Callable[[], object]]] = (
         ("round_law", lambda: round_law(scheme, pair, shape)),
         ("speculate", lambda: speculate(scheme, pair, shape, np.random.default_rng(0))),
     )
     if isinstance(scheme, TreeVerifier):
         calls = (*calls, *_direct_calls(scheme, pair, shape))
-    found = []
-    for name, call in calls:
-        try:
-            call()
-        except UnsupportedShape:
-            continue
-        except Exception as err:
-            detail = f"{name} raised {_describe(err)} instead of UnsupportedShape"
-        else:
-            detail = f"supports() is False but {name} silently accepted the shape"
-        found.append(Violation(repr(shape), label, "refusal", detail))
-    return found
+    silent = "supports() is False but {name} silently accepted the shape"
+    return _unrefused(calls, repr(shape), label, silent)
 
 
 def _direct_calls(
