@@ -3,8 +3,10 @@ r"""Certify the torch lowerings against their certified references: ``specsampli
 
 :func:`certify_torch` checks every lowering of :mod:`specsampling.gpu` against the numpy
 reference that :func:`specsampling.certify.certify` certifies: path-wise equality on mixed
-batches of drafted trees, the same on every enumerated tree of every shape, refusals, and keyed
-streams for the keyed couplings; a scheme without a lowering is a failing ``not lowered`` row.
+batches of drafted trees (for the lowerings exact for grafted trees, rows with
+:func:`~specsampling.certify.lookup_guess` grafted in among them), the same on every enumerated
+tree of every shape, refusals (grafted trees included), and keyed streams for the keyed
+couplings; a scheme without a lowering is a failing ``not lowered`` row.
 It imports torch only when called.
 """
 
@@ -29,6 +31,7 @@ from .certify import (
     Violation,
     _describe,
     builtin_shapes,
+    lookup_guess,
     vocab_for,
 )
 from .errors import UnsupportedShape
@@ -37,7 +40,7 @@ from .pairs import ModelPair, Random, Stationary
 from .sampling import generate as sampling_generate
 from .schemes import SCHEMES, Scheme, TreeVerifier, Verdict, get_scheme, tables
 from .shapes import Shape
-from .tree import DraftTree
+from .tree import DraftTree, DrawLaw, grafted_law
 
 #: Pairs of the torch path-wise batches: vocabularies of the seeded random pairs.
 TORCH_VOCABS = (4, 6)
@@ -65,7 +68,8 @@ class TorchSchemeReport:
     (checked through ``specsampling.gpu.generate``) or ``"not lowered"`` (never certified).
     ``pathwise_rows`` counts the rows of the mixed path-wise batches, ``law_trees`` the
     enumerated trees of the law check and ``law_rows`` their rows (trees x noise grid),
-    ``keyed_streams`` the compared keyed streams.
+    ``keyed_streams`` the compared keyed streams, ``grafted_rows`` the path-wise rows whose
+    tree has a guess grafted in (counted in ``pathwise_rows`` too).
     """
 
     name: str
@@ -79,6 +83,7 @@ class TorchSchemeReport:
     violations: tuple[Violation, ...] = field(default=())
     #: Why a scheme is not lowered (empty otherwise).
     note: str = ""
+    grafted_rows: int = 0
 
     @property
     def cases(self) -> int:
@@ -280,15 +285,19 @@ def _run_torch(
     for shape in refused:
         violations += _check_torch_refusal(ssg, lowering, reference, shape, device)
         tick(f"{name} refuses {shape!r}")
+    if not reference.exact_for(DrawLaw.GRAFTED, False):
+        violations += _check_torch_grafted_refusal(ssg, lowering, device)
+    rows = [row for _, rounds in pathwise for row in rounds]
     return TorchSchemeReport(
         name,
         "tree",
         supported,
         all_refused,
-        pathwise_rows=sum(len(rounds) for _, rounds in pathwise),
+        pathwise_rows=len(rows),
         law_trees=law_trees,
         law_rows=law_rows,
         violations=tuple(violations),
+        grafted_rows=sum(row[1].law is DrawLaw.GRAFTED for row in rows),
     )
 
 
@@ -324,18 +333,26 @@ def _torch_noises(rng: np.random.Generator, num_nodes: int) -> list[Noise]:
 
 
 def _pathwise_rows(reference: Scheme, shapes: tuple[Shape, ...]) -> list[tuple[str, list[_Round]]]:
-    """One shuffled batch per pair mixing drafted trees of every shape with every noise."""
+    """One shuffled batch per pair mixing drafted trees of every shape with every noise; for a
+    reference exact for grafted trees, each i.i.d. tree also with :func:`lookup_guess` grafted
+    in from the root and from below its first drawn token."""
+    grafts = isinstance(reference, TreeVerifier) and reference.exact_for(DrawLaw.GRAFTED, False)
     batches = []
     for index, (label, pair) in enumerate(_torch_pairs()):
         rng = np.random.default_rng(index)
         rounds: list[_Round] = []
         for shape in shapes:
             for _ in range(TORCH_DRAFTS):
-                tree = shape.draft(pair, rng)
-                target, draft = tables(pair, tree)
-                rounds += [
-                    (shape, tree, target, draft, n) for n in _torch_noises(rng, tree.num_nodes)
-                ]
+                drawn = shape.draft(pair, rng)
+                trees = [drawn]
+                if grafts and grafted_law(shape.law, shape.is_chain) is DrawLaw.GRAFTED:
+                    first = list(drawn.tokens[1:2])
+                    trees += [drawn.graft(lookup_guess(())), drawn.graft([*first, 0, 1])]
+                for tree in dict.fromkeys(trees):  # a guess that adds nothing: once
+                    target, draft = tables(pair, tree)
+                    rounds += [
+                        (shape, tree, target, draft, n) for n in _torch_noises(rng, tree.num_nodes)
+                    ]
         order = rng.permutation(len(rounds))
         batches.append((label, [rounds[i] for i in order]))
     return batches
@@ -451,6 +468,25 @@ def _check_torch_refusal(
             detail = f"the lowering silently verified a tree of law {tree.law.value!r}"
         return [Violation(repr(shape), label, "refusal", detail)]
     return []
+
+
+def _check_torch_grafted_refusal(ssg: Any, lowering: Any, device: str) -> list[Violation]:
+    """A lowering whose reference is not exact for grafted trees must refuse one."""
+    label, pair = "stationary: " + STATIONARY[0][0], _torch_pairs()[0][1]
+    tree = DraftTree.chain([0], law="iid").graft(lookup_guess(()))
+    target, draft = tables(pair, tree)
+    rows: list[_Round] = [
+        (Shape.chain(1), tree, target, draft, Noise.constant(0.5, tree.num_nodes))
+    ]
+    try:
+        _run_rows(ssg, lowering, rows, device)
+    except UnsupportedShape:
+        return []
+    except Exception as err:
+        detail = f"the lowering raised {_describe(err)} instead of UnsupportedShape"
+    else:
+        detail = "the lowering silently verified a grafted tree"
+    return [Violation("grafted chain(1)", label, "refusal", detail)]
 
 
 def _run_keyed(

@@ -175,3 +175,11 @@ def test_other_lowerings_refuse_grafted_rows() -> None:
             continue
         exact.add(name)
     assert exact == {"specinfer", "nss"}
+
+
+def test_certify_torch_runs_grafted_rows_and_catches_the_mutant() -> None:
+    from specsampling.certify_torch import certify_torch
+
+    good, bad = certify_torch(["specinfer", GuessAsDraw()]).schemes
+    assert good.certified and 0 < good.grafted_rows < good.pathwise_rows
+    assert not bad.certified and {v.kind for v in bad.violations} == {"path-wise"}
