@@ -451,33 +451,39 @@ def _check_torch_refusal(
 ) -> list[Violation]:
     """A tree of a refused shape that the reference is not exact for must raise
     ``UnsupportedShape`` from the lowering too."""
-    label = "stationary: " + STATIONARY[0][0]
     pair = _torch_pairs()[0][1]
     for tree, _ in shape.enumerate(pair):
         if reference.exact_for(tree.law, tree.is_chain):
             continue
-        target, draft = tables(pair, tree)
-        rows: list[_Round] = [(shape, tree, target, draft, Noise.constant(0.5, tree.num_nodes))]
-        try:
-            _run_rows(ssg, lowering, rows, device)
-        except UnsupportedShape:
-            return []
-        except Exception as err:
-            detail = f"the lowering raised {_describe(err)} instead of UnsupportedShape"
-        else:
-            detail = f"the lowering silently verified a tree of law {tree.law.value!r}"
-        return [Violation(repr(shape), label, "refusal", detail)]
+        silent = f"the lowering silently verified a tree of law {tree.law.value!r}"
+        return _unrefused_by(ssg, lowering, device, pair, shape, tree, repr(shape), silent)
     return []
 
 
 def _check_torch_grafted_refusal(ssg: Any, lowering: Any, device: str) -> list[Violation]:
     """A lowering whose reference is not exact for grafted trees must refuse one."""
-    label, pair = "stationary: " + STATIONARY[0][0], _torch_pairs()[0][1]
+    pair = _torch_pairs()[0][1]
     tree = DraftTree.chain([0], law="iid").graft(lookup_guess(()))
+    silent = "the lowering silently verified a grafted tree"
+    return _unrefused_by(
+        ssg, lowering, device, pair, Shape.chain(1), tree, "grafted chain(1)", silent
+    )
+
+
+def _unrefused_by(
+    ssg: Any,
+    lowering: Any,
+    device: str,
+    pair: ModelPair,
+    shape: Shape,
+    tree: DraftTree,
+    where: str,
+    silent: str,
+) -> list[Violation]:
+    """A ``refusal`` violation (at ``where``, on the first stationary pair ``pair``) unless
+    the lowering raises ``UnsupportedShape`` on ``tree``; ``silent``: the detail if it runs."""
     target, draft = tables(pair, tree)
-    rows: list[_Round] = [
-        (Shape.chain(1), tree, target, draft, Noise.constant(0.5, tree.num_nodes))
-    ]
+    rows: list[_Round] = [(shape, tree, target, draft, Noise.constant(0.5, tree.num_nodes))]
     try:
         _run_rows(ssg, lowering, rows, device)
     except UnsupportedShape:
@@ -485,8 +491,8 @@ def _check_torch_grafted_refusal(ssg: Any, lowering: Any, device: str) -> list[V
     except Exception as err:
         detail = f"the lowering raised {_describe(err)} instead of UnsupportedShape"
     else:
-        detail = "the lowering silently verified a grafted tree"
-    return [Violation("grafted chain(1)", label, "refusal", detail)]
+        detail = silent
+    return [Violation(where, "stationary: " + STATIONARY[0][0], "refusal", detail)]
 
 
 def _run_keyed(
