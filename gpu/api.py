@@ -21,7 +21,7 @@ from . import ops
 from .noise import Noise
 from .schemes import tree_lowering
 from .schemes.base import Verified
-from .tree import TreeBatch
+from .tree import GUESSES_RULE, TreeBatch, guesses_valid
 
 #: Default row-mass tolerance by input dtype (low-precision softmaxes sum to 1 only roughly).
 TOLERANCE = {
@@ -185,11 +185,14 @@ def check_batch_round(
         negative = values.amin(-1) < 0  # [B, N], no [B, N, V] temporary (NaN rows fail on mass)
         ok = (((mass - 1).abs() <= tol) & ~negative) | ~real  # [B, N]
         row_checks.append((name, values, mass, ok, tol))
-    if bool(token_ok.all() & row_checks[0][3].all() & row_checks[1][3].all()):
+    guesses_ok = guesses_valid(batch)  # 0-dim
+    if bool(token_ok.all() & row_checks[0][3].all() & row_checks[1][3].all() & guesses_ok):
         return
     for name, values, mass, ok, tol in row_checks:
         if not bool(ok.all()):
             raise_row_defect(name, values, mass, ok, tol)
+    if not bool(guesses_ok):
+        raise InvalidDistribution(GUESSES_RULE)
     row, node = (int(i) for i in (~token_ok).nonzero()[0])
     raise InvalidDistribution(
         f"batch.tokens[{row}, {node}]: token id {int(batch.tokens[row, node])} >= vocab_size "

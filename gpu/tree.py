@@ -52,7 +52,9 @@ class TreeBatch:
     guesses : LongTensor [B, N], optional
         The child of each node guessed from the context alone (its last candidate; rows of
         law ``grafted``, :meth:`specsampling.DraftTree.graft`), ``PAD`` where none and in rows
-        of other laws; ``None`` when no row is grafted.
+        of other laws; ``None`` when no row is grafted. Their values are checked by
+        ``verify(..., validate=True)`` (:func:`guesses_valid`), not at construction: building a
+        batch or moving it with :meth:`to` never synchronises.
 
     Examples
     --------
@@ -96,8 +98,8 @@ class TreeBatch:
         object.__setattr__(self, "laws", laws)
         if self.guesses is None and DrawLaw.GRAFTED in laws:
             raise ValueError("TreeBatch: rows of law 'grafted' need their guesses ([B, N])")
-        if self.guesses is not None:
-            _check_guesses(self.guesses, self.candidates, laws)
+        # The guesses' values are checked by verify(..., validate=True) (guesses_valid), in its
+        # one host read: construction and .to(device) never synchronise.
         # Host metadata, computed once here (never inside a verify call), in one host read.
         if not self.chains or self.max_depth < 0 or not self.level_slots:
             counts = (self.candidates != PAD).sum(-1)  # [B, N]
@@ -246,20 +248,39 @@ class TreeBatch:
         )
 
 
-def _check_guesses(guesses: torch.Tensor, candidates: torch.Tensor, laws: tuple) -> None:
-    """Raise :class:`ValueError` unless every entry of ``guesses [B, N]`` is ``PAD`` or, in a
-    row of law ``grafted``, its node's last candidate listed once (what
-    :meth:`specsampling.DraftTree.graft` builds; one host read, at construction)."""
-    grafted = torch.tensor([law is DrawLaw.GRAFTED for law in laws], device=guesses.device)
+#: What :func:`guesses_valid` checks, for the error of ``verify(..., validate=True)``.
+GUESSES_RULE = (
+    "batch.guesses: each entry must be -1, or in rows of law 'grafted' the node's last "
+    "candidate, listed once (TreeBatch.from_trees of DraftTree.graft trees)"
+)
+
+
+def guesses_valid(batch: TreeBatch) -> torch.Tensor:
+    """0-dim bool tensor, no host read: every entry of ``batch.guesses [B, N]`` is ``PAD`` or,
+    in a row of law ``grafted``, its node's last candidate listed once (what
+    :meth:`specsampling.DraftTree.graft` builds; :data:`GUESSES_RULE`). True without guesses.
+    Guesses elsewhere would be tested as point masses by the lowering and not by the
+    reference, so ``verify(..., validate=True)`` refuses them.
+
+    >>> import specsampling as ss, dataclasses
+    >>> tree = ss.DraftTree.from_draws([(0, 2), (0, 1)], law="iid").graft([3])
+    >>> batch = TreeBatch.from_trees([tree])
+    >>> bool(guesses_valid(batch))
+    True
+    >>> bool(guesses_valid(dataclasses.replace(batch, guesses=torch.tensor([[2, -1, -1, -1]]))))
+    False
+    """
+    guesses, candidates = batch.guesses, batch.candidates
+    if guesses is None:
+        return torch.ones((), dtype=torch.bool, device=batch.device)
+    grafted = torch.tensor(
+        [law is DrawLaw.GRAFTED for law in batch.laws], device=guesses.device
+    )  # [B]
     counts = (candidates != PAD).sum(-1)  # [B, N]
     last = candidates.gather(-1, (counts - 1).clamp_min(0)[..., None]).squeeze(-1)  # [B, N]
     once = (candidates == guesses[..., None]).sum(-1) == 1  # [B, N]
     placed = grafted[:, None] & (counts > 0) & (last == guesses) & once  # [B, N]
-    if not bool(((guesses == PAD) | ((guesses >= 0) & placed)).all()):
-        raise ValueError(
-            "TreeBatch: guesses must be -1, or in rows of law 'grafted' the node's last "
-            "candidate, listed once (TreeBatch.from_trees of DraftTree.graft trees)"
-        )
+    return ((guesses == PAD) | ((guesses >= 0) & placed)).all()
 
 
 def node_paths(tree: TreeBatch) -> torch.Tensor:

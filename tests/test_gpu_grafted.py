@@ -140,26 +140,38 @@ def test_tree_batch_carries_the_guesses() -> None:
         dataclasses.replace(batch, guesses=batch.guesses[:, :1])
 
 
-def test_tree_batch_refuses_guesses_the_reference_would_not_read() -> None:
+def test_verify_refuses_guesses_the_reference_would_not_read() -> None:
     """Guesses outside grafted rows, or not their node's last candidate listed once, would be
-    tested as point masses by the lowering and not by the reference: refused at construction."""
+    tested as point masses by the lowering and not by the reference: ``verify`` refuses them
+    when it validates (its one host read); construction and ``.to`` read nothing."""
     tree = ss.DraftTree.from_draws([(0, 2), (0, 1)], law="iid")
     grafted = tree.graft([3])  # root: drawn 2, drawn 1, guessed 3 (node 3)
     batch = ssg.TreeBatch.from_trees([grafted, tree])
     assert batch.guesses.tolist() == [[3, -1, -1, -1], [-1, -1, -1, -1]]
+    target = torch.full((2, 4, 4), 0.25, dtype=torch.float64)
+    ssg.verify("specinfer", batch, target, target)  # sound: no error
     bad = {
         "a guess in an iid row": [[3, -1, -1, -1], [2, -1, -1, -1]],
         "a drawn candidate": [[2, -1, -1, -1], [-1, -1, -1, -1]],
         "a node without candidates": [[3, 3, -1, -1], [-1, -1, -1, -1]],
         "below -1": [[3, -5, -1, -1], [-1, -1, -1, -1]],
     }
-    for guesses in bad.values():
-        with pytest.raises(ValueError, match="guesses must be -1"):
-            dataclasses.replace(batch, guesses=torch.tensor(guesses))
+    for case, guesses in bad.items():
+        wrong = dataclasses.replace(batch, guesses=torch.tensor(guesses)).to("cpu")  # no check
+        assert not bool(ssg.tree.guesses_valid(wrong)), case
+        with pytest.raises(ss.InvalidDistribution, match=r"batch\.guesses: each entry must be -1"):
+            ssg.verify("specinfer", wrong, target, target)
+        ssg.verify("specinfer", wrong, target, target, validate=False)  # trusted, as documented
     twice = ss.DraftTree.from_draws([(0, 2), (0, 1), (0, 2)], law="iid")
     listed = ssg.TreeBatch.from_trees([twice])  # the last candidate (node 1) listed twice
+    wrong = dataclasses.replace(
+        listed, laws=(DrawLaw.GRAFTED,), guesses=torch.tensor([[1, -1, -1]])
+    )
     with pytest.raises(ValueError, match="listed once"):
-        dataclasses.replace(listed, laws=(DrawLaw.GRAFTED,), guesses=torch.tensor([[1, -1, -1]]))
+        ssg.verify("specinfer", wrong, target[:1, :3], target[:1, :3])
+    # table defects are named before the guesses
+    with pytest.raises(ss.InvalidDistribution, match="target_probs"):
+        ssg.verify("specinfer", wrong, 2 * target[:1, :3], target[:1, :3])
 
 
 def test_other_lowerings_refuse_grafted_rows() -> None:
