@@ -346,8 +346,8 @@ def test_hot_path_has_no_host_synchronisation() -> None:
             ssg.ops.pick_block,
             ssg.ops.block_index,
             ssg.ops.pick_in_block,
-            ssg.ops.categorical_blocks,
-            ssg.ops.categorical_blocks_or,
+            ssg.ops.categorical_blocks_batched,
+            ssg.ops.categorical_blocks_or_batched,
             R.pack_chain,
             R.take_rows,
         )
@@ -895,3 +895,39 @@ def test_a_step_without_any_draft_lane_emits_the_reference_bonus(point_mass: boo
             None if draft is None else draft.float(),
         )
         assert ((low.token >= 0) & (low.token < vocab)).all(), name
+
+
+# --------------------------------------------------------------------------- host draws
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_host_draws_equal_the_batched_route_bit_for_bit(dtype: torch.dtype) -> None:
+    """``categorical_blocks(_or)`` on the CPU for a few rows searches on the host (numpy); the
+    tokens must be the batched route's, bit for bit: ragged and empty tails, zero blocks and
+    rows, thresholds at 0 and next to 1, non-finite rows that are not chosen."""
+    generator = torch.Generator().manual_seed(5)
+    ops = ssg.ops
+    checked = 0
+    for vocab in (1, 5, 127, 128, 129, 300, 1024, 32_000):
+        for rows in range(1, ops.HOST_DRAW_ROWS + 1):
+            for trial in range(12):
+                weights = torch.rand(rows, vocab, generator=generator, dtype=dtype) ** 8
+                if trial % 3 == 1:  # whole zero blocks and zero entries
+                    weights[:, : vocab // 2] = 0
+                    weights[weights < 0.01] = 0
+                if trial % 4 == 2:  # one row without mass
+                    weights[0] = 0
+                u = torch.rand(rows, generator=generator, dtype=torch.float64)
+                u[0] = (0.0, LARGEST_BELOW_ONE, float(u[0]))[trial % 3]
+                fallback = torch.rand(rows, vocab, generator=generator, dtype=dtype)
+                use = torch.rand(rows, generator=generator) < 0.5
+                weights_or = torch.where(use[:, None], float("nan"), weights)  # never read there
+                host = ops.categorical_blocks(weights, u)
+                assert ops._draws_on_host(weights)
+                assert torch.equal(host, ops.categorical_blocks_batched(weights, u))
+                assert torch.equal(
+                    ops.categorical_blocks_or(weights_or, fallback, use, u),
+                    ops.categorical_blocks_or_batched(weights, fallback, use, u),
+                )
+                assert bool(((host >= 0) & (host < vocab)).all())
+                checked += 1
+    assert checked == 8 * ops.HOST_DRAW_ROWS * 12
+    assert not ops._draws_on_host(torch.zeros(ops.HOST_DRAW_ROWS + 1, 4))  # batched beyond
