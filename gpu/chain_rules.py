@@ -32,21 +32,24 @@ CPU (host reads are free) only the other rows are read, deepest node first
 (:meth:`BlockChain.deciding_masses`: about the rows at or below the chain's acceptance instead
 of every inner node's); on an accelerator and under ``torch.compile`` every inner node's mass is
 read, sync-free, through a reused ``[B, V]`` buffer (:meth:`BlockChain.row_masses`). Both give
-the same verdicts. The rules differ at a zero mass only:
-block takes :math:`h_i = 1` when the denominator is 0 (:math:`S_i = 0, w_i = 1`), traversal
-deletes such a node (weight 0). :math:`\tau` is the deepest :math:`i \ge 1` with
+the same verdicts. For up to :data:`HOST_RUN_ROWS` rows the CPU runs the whole verdict on the host
+(:meth:`BlockChain.host_run`: weights, acceptances and :math:`\tau` as Python floats, torch only for
+the rows over ``V``), the same tokens with a fraction of the small operations. The rules differ at a
+zero mass only: block takes :math:`h_i = 1` when the denominator is 0 (:math:`S_i = 0, w_i = 1`),
+traversal deletes such a node (weight 0). :math:`\tau` is the deepest :math:`i \ge 1` with
 :math:`u^\text{accept}_i < h_i` (0 if none), and the next token is drawn by inverse CDF with
 :math:`u^\text{sample}_\tau` from :math:`p_n` when :math:`\tau = n`, else from
-:math:`\mathrm{norm}((w_\tau p_\tau - q_\tau)_+)` (the target where that has no mass): one more
-row per sequence. In float64 every value is computed in the lowerings' order
-(:mod:`specsampling.gpu.schemes.block`, :mod:`specsampling.gpu.schemes.traversal`), so the
-verdicts are the reference's bit for bit.
+:math:`\mathrm{norm}((w_\tau p_\tau - q_\tau)_+)` (the target where that has no mass): one more row
+per sequence. In float64 every value is computed in the lowerings' order
+(:mod:`specsampling.gpu.schemes.block`, :mod:`specsampling.gpu.schemes.traversal`), so the verdicts
+are the reference's bit for bit.
 """
 
 from __future__ import annotations
 
 from typing import ClassVar, NamedTuple
 
+import numpy as np
 import torch
 
 from . import ops
@@ -125,6 +128,12 @@ class NSSChain:
         return pack_chain(chain.draft_tokens, num_accepted, token)
 
 
+#: The most rows :meth:`BlockChain.run` verifies on the host (CPU, eager), row by row: a few
+#: Python steps per lane and node against ~150 small tensor ops per call (2026-12-05, 2 cores:
+#: 0.17 against 0.40 ms at one row of 152k tokens, level with the batched route at 8-10 rows
+#: of 32k, still ahead at 16 rows of 152k).
+HOST_RUN_ROWS = 8
+
 #: The most rows whose chain weights :meth:`BlockChain.weights` computes on the host (CPU, eager):
 #: a Python loop of ``B γ`` steps against a few ops per lane.
 HOST_WEIGHT_ROWS = 16
@@ -141,7 +150,7 @@ class BlockChain:
         "row_masses",
         "acceptances",
         "choose_tau",
-        "run",
+        "batched_run",
     )
 
     # ------------------------------------------------------------------ rule hooks
@@ -175,11 +184,17 @@ class BlockChain:
         target: torch.Tensor,  # [B, V]
         draft: torch.Tensor | None,  # [B, V] or None (point mass on `token`)
         token: torch.Tensor,  # [B]
-        scale: torch.Tensor,  # [B] float64
+        scale: torch.Tensor | float,  # [B] float64, or one row's on the host
     ) -> torch.Tensor:
         """``out = (w p - q)_+`` (multiply, subtract, clamp, in the lowerings' order); for a point
-        mass only the drafted entry changes. Returns ``out``."""
-        torch.mul(target, scale.to(target.dtype)[:, None], out=out)
+        mass only the drafted entry changes. Returns ``out``. A host ``scale`` (one row,
+        :meth:`host_run`) multiplies by its value rounded to the compute dtype, as the tensor's
+        conversion does."""
+        if isinstance(scale, float):
+            factor = scale if target.dtype == torch.float64 else float(np.float32(scale))
+            torch.mul(target, factor, out=out)
+        else:
+            torch.mul(target, scale.to(target.dtype)[:, None], out=out)
         if draft is not None:
             return out.sub_(draft).clamp_min_(0)
         drafted = (out.gather(1, token[:, None]) - 1).clamp_min_(0)  # [B, 1]
@@ -354,6 +369,86 @@ class BlockChain:
         return torch.where(passes, nodes[None, :], 0).amax(-1)  # [B]
 
     def run(self, chain: ChainRound, noise: Noise) -> Verified:
+        """The verdicts: :meth:`host_run` on the CPU outside ``torch.compile`` for up to
+        :data:`HOST_RUN_ROWS` rows, else :meth:`batched_run`; the same tokens."""
+        if ops.host_reads_free(chain.target) and chain.target.shape[0] <= HOST_RUN_ROWS:
+            return self.host_run(chain, noise)
+        return self.batched_run(chain, noise)
+
+    def host_run(self, chain: ChainRound, noise: Noise) -> Verified:
+        r""":meth:`batched_run` row by row on the host: the chain weights, the acceptances and
+        :math:`\tau` as Python floats (the same float64 operations as the tensors', and only
+        the masses :meth:`deciding_masses` reads, deepest first), torch only for the passes over
+        ``V`` -- each mass row and the stop row, on views of the tables through one reused
+        buffer. The stop row is the last mass row read when :math:`\tau` passed there. Two
+        host reads; the same tokens as :meth:`batched_run`, bit for bit (tested), in about a
+        third of its small operations at one row."""
+        gamma = chain.draft_tokens.shape[1]
+        target = chain.target  # [B, γ + 1, V]
+        vocab = target.shape[-1]
+        target_x, draft_x = self.drafted_pair(chain)  # [B, γ] each, float64
+        ends = chain.num_drafts[:, None].to(torch.float64)  # [B, 1]
+        read = torch.cat([target_x, draft_x, noise.accept, noise.sample, ends], 1).tolist()
+        drafted = chain.draft_tokens.tolist()  # [B][γ]
+        margin = 1 + self.fail_margin(target.dtype, vocab)
+        buffer = target.new_empty((1, vocab))  # [1, V], reused
+        nodes, drawn, emitted = [], [], []
+        for row, values in enumerate(read):
+            p_x, q_x = values[:gamma], values[gamma : 2 * gamma]
+            accept, sample = values[2 * gamma : 3 * gamma + 1], values[3 * gamma + 1 : -1]
+            end = int(values[-1])
+            weights = [1.0]
+            for p, q in zip(p_x, q_x, strict=True):
+                weights.append(self.capped_value(weights[-1] * p, q))
+            tau, mass = (end, None) if end >= 1 and accept[end] < weights[end] else (0, None)
+            for node in range(end - 1 if tau == 0 else 0, 0, -1):  # the deciding masses
+                if not accept[node] < weights[node] * margin:
+                    continue  # fails whatever its mass
+                mass = self.host_residual(chain, buffer, row, node, weights[node])
+                if accept[node] < self.acceptance_value(mass, weights[node]):
+                    tau = node
+                    break
+            if tau == end:  # the end's own target row
+                residual, use_target = buffer, True
+            else:
+                if tau == 0 or mass is None:  # node 0's residual (the buffer holds tau's else)
+                    mass = self.host_residual(chain, buffer, row, tau, weights[tau])
+                residual, use_target = buffer, not mass > 0
+            token = self.stop_draw(
+                residual,
+                target[row, tau][None],  # [1, V]
+                torch.tensor([use_target]),
+                torch.tensor([sample[tau]], dtype=torch.float64),
+            )
+            nodes.append(tau)
+            drawn.append(int(token[0]))
+            emitted.append(drafted[row][:tau] + [drawn[-1]] + [PAD] * (gamma - tau))
+        device = target.device
+        node = torch.tensor(nodes, device=device)  # [B]
+        return Verified(
+            node,
+            torch.tensor(drawn, device=device),
+            torch.tensor(emitted, device=device),  # [B, γ + 1]
+            node + 1,
+        )
+
+    def host_residual(
+        self, chain: ChainRound, out: torch.Tensor, row: int, node: int, weight: float
+    ) -> float:
+        """:math:`S` of ``node`` in ``row``: ``out [1, V]`` = :math:`(w p - q)_+` there
+        (:meth:`weighted_residual` on views of the tables), its sum read on the host."""
+        draft = None if chain.draft is None else chain.draft[row, node][None]  # [1, V]
+        token = chain.draft_tokens[row : row + 1, node]  # [1]
+        residual = self.weighted_residual(out, chain.target[row, node][None], draft, token, weight)
+        return float(residual.sum(-1))
+
+    @staticmethod
+    def acceptance_value(mass: float, weight: float) -> float:
+        """:meth:`acceptance` of one mass on the host (the same float64 operations)."""
+        denominator = mass + (1 - weight)
+        return mass / denominator if denominator > 0 else 1.0
+
+    def batched_run(self, chain: ChainRound, noise: Noise) -> Verified:
         """The verdicts: ``tau`` from the gathered weights and row masses, then one stop row."""
         batch_size, gamma = chain.draft_tokens.shape
         rows = torch.arange(batch_size, device=chain.target.device)  # [B]
@@ -388,6 +483,11 @@ class TraversalChain(BlockChain):
         """``S / (S + 1 - w)`` where ``S > 0``, else 0 (the node is deleted)."""
         mass64 = mass.to(torch.float64)
         return torch.where(mass > 0, mass64 / (mass64 + (1 - weights)), 0.0)
+
+    @staticmethod
+    def acceptance_value(mass: float, weight: float) -> float:
+        """:meth:`acceptance` of one mass on the host."""
+        return mass / (mass + (1 - weight)) if mass > 0 else 0.0
 
 
 NSS_CHAIN = NSSChain()

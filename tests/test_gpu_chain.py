@@ -931,3 +931,59 @@ def test_host_draws_equal_the_batched_route_bit_for_bit(dtype: torch.dtype) -> N
                 checked += 1
     assert checked == 8 * ops.HOST_DRAW_ROWS * 12
     assert not ops._draws_on_host(torch.zeros(ops.HOST_DRAW_ROWS + 1, 4))  # batched beyond
+
+
+# --------------------------------------------------------------------------- block's host route
+@pytest.mark.parametrize("point_mass", [False, True], ids=["draft_probs", "point_mass"])
+def test_block_host_run_pathwise_one_and_two_rows(point_mass: bool) -> None:
+    """Batches of one and two rows take the CPU's host route (``BlockChain.host_run``): the
+    reference's verdicts, bit for bit."""
+    assert R.HOST_RUN_ROWS >= 2
+    for name in ("block", "traversal"):
+        for seed in range(3):
+            rounds = chain_rounds(
+                ss.pairs.Random(5, seed=seed), np.random.default_rng(seed), 24, point_mass
+            )
+            for start in range(0, len(rounds), 2):
+                for size in (1, 2):
+                    part = rounds[start : start + size]
+                    assert mismatches(name, part, point_mass, validate=False) == [], name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("point_mass", [False, True], ids=["draft_probs", "point_mass"])
+def test_block_host_run_equals_the_batched_run(dtype: torch.dtype, point_mass: bool) -> None:
+    """``host_run`` and ``batched_run`` give the same tokens on the same chain round, float32
+    and float64, on correlated rows over 300 tokens (masses over several blocks), ragged
+    lengths, and noise at 0, next to 1 and at the acceptance's own values."""
+    generator = torch.Generator().manual_seed(3)
+    vocab, gamma = 300, 6
+    checked = 0
+    for engine in (R.BLOCK_CHAIN, R.TRAVERSAL_CHAIN):
+        for trial in range(60):
+            batch = 1 + trial % R.HOST_RUN_ROWS
+            logits = 3 * torch.randn(batch, gamma + 1, vocab, generator=generator)
+            target = logits.softmax(-1)
+            near = logits[:, :gamma] + torch.randn(batch, gamma, vocab, generator=generator)
+            draft = near.softmax(-1)
+            tokens = torch.multinomial(draft.reshape(-1, vocab), 1, generator=generator)
+            tokens = tokens.view(batch, gamma)
+            lengths = torch.randint(0, gamma + 1, (batch,), generator=generator)
+            accept = torch.rand(batch, gamma + 1, generator=generator, dtype=torch.float64)
+            sample = torch.rand(batch, gamma + 1, generator=generator, dtype=torch.float64)
+            if trial % 5 == 1:
+                accept.zero_()
+            if trial % 5 == 2:
+                accept.fill_(LARGEST_BELOW_ONE)
+            chain = C.chain_round(
+                tokens, lengths, target, None if point_mass else draft, dtype=dtype
+            )
+            if trial % 5 == 3:  # uniforms at the weights: tests at their boundaries
+                accept = engine.host_weights(chain).clone()
+            noise = ssg.Noise(accept, sample)
+            host, batched = engine.host_run(chain, noise), engine.batched_run(chain, noise)
+            for a, b in zip(host, batched, strict=True):
+                assert a.dtype == b.dtype and torch.equal(a, b), (engine, trial)
+            assert engine.run(chain, noise).node.tolist() == host.node.tolist()
+            checked += 1
+    assert checked == 120
