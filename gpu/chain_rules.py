@@ -219,7 +219,7 @@ class BlockChain:
         float64 as the lowerings (normalise, select, :func:`~specsampling.gpu.ops.categorical`),
         below by :func:`~specsampling.gpu.ops.categorical_blocks_or` (no normalisation)."""
         if residual.dtype == torch.float64:
-            mass = residual.sum(-1, keepdim=True)  # [B, 1]
+            mass = ops.numpy_sum(residual)[:, None]  # [B, 1]
             normalised = residual.div_(torch.where(mass > 0, mass, 1.0))  # [B, V]
             return ops.categorical(torch.where(use_target[:, None], target, normalised), u)
         return ops.categorical_blocks_or(residual, target, use_target, u)
@@ -309,7 +309,7 @@ class BlockChain:
                 draft = None
                 if flat_draft is not None:
                     draft = flat_draft.index_select(0, index * gamma + node)  # [N, V]
-            mass = self.weighted_residual(out, p, draft, token, scale).sum(-1)  # [N]
+            mass = ops.numpy_sum(self.weighted_residual(out, p, draft, token, scale))  # [N]
             masses[index, node] = mass.to(torch.float64)
             passed = (noise.accept[index, node] < self.acceptance(mass, scale)).tolist()
             for b, ok in zip(rows, passed, strict=True):
@@ -348,7 +348,7 @@ class BlockChain:
                 chain.draft_tokens[:, node],
                 weights[:, node],
             )
-            masses.append(residual.sum(-1))
+            masses.append(ops.numpy_sum(residual))
         masses.append(torch.zeros_like(masses[0]))  # node γ: always the chain's end
         return torch.stack(masses, 1)  # [B, γ + 1]
 
@@ -440,7 +440,7 @@ class BlockChain:
         draft = None if chain.draft is None else chain.draft[row, node][None]  # [1, V]
         token = chain.draft_tokens[row : row + 1, node]  # [1]
         residual = self.weighted_residual(out, chain.target[row, node][None], draft, token, weight)
-        return float(residual.sum(-1))
+        return float(ops.numpy_sum(residual))
 
     @staticmethod
     def acceptance_value(mass: float, weight: float) -> float:

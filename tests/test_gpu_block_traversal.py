@@ -404,3 +404,37 @@ def test_links_follow_first_drafted_order() -> None:
     links = Traversal().links(ssg.TreeBatch.from_trees([tree, reordered]))
     assert links.first_child.tolist() == [[1, 3, -1, -1, -1, -1], [4, 5, -1, -1, -1, -1]]
     assert links.next_sibling.tolist() == [[-1, 2, 4, 5, -1, -1], [-1, -1, 1, -1, 2, 3]]
+
+
+def test_float64_masses_and_normalisers_add_in_numpy_order() -> None:
+    """At a vocabulary where ``torch.sum`` of a long row misses numpy's pairwise sum, block's
+    acceptances and traversal's deletion step use the reference's own sums, bit for bit."""
+    rng = np.random.default_rng(4)
+    vocab = 40_000
+    p = rng.random((2, 3, vocab)) ** 6
+    q = rng.random((2, 3, vocab)) ** 6
+    p /= p.sum(-1, keepdims=True)
+    q /= q.sum(-1, keepdims=True)
+    trees = [ss.DraftTree.chain([int(rng.integers(vocab)), int(rng.integers(vocab))], law="iid")]
+    batch = ssg.TreeBatch.from_trees(trees * 2)
+    target, draft = torch.from_numpy(p), torch.from_numpy(q)
+    weights = torch.tensor([[1.0, 0.3, 0.7], [1.0, 0.55, 0.2]], dtype=torch.float64)
+    h = Block().block_acceptances(batch, weights, target, draft)  # [B, N]
+    traversal = Traversal()
+    leftover = torch.empty(2, vocab, dtype=torch.float64)
+    remaining = draft[:, 1].clone()
+    token = torch.tensor([5, 6])
+    new_weight, _ = traversal.reject(weights[:, 1], target[:, 1], remaining, token, leftover)
+    differs = 0
+    for row in range(2):
+        w = float(weights[row, 1])
+        values = np.maximum(w * p[row, 1] - q[row, 1], 0)
+        mass = values.sum()
+        differs += float(torch.from_numpy(values).sum()) != mass
+        assert float(h[row, 1]) == mass / (mass + (1 - w))
+        assert float(new_weight[row]) == mass / (mass + (1 - w))
+        assert torch.equal(leftover[row], torch.from_numpy(values / mass))
+        removed = q[row, 1].copy()
+        removed[int(token[row])] = 0
+        assert torch.equal(remaining[row], torch.from_numpy(removed / removed.sum()))
+    assert differs  # torch's own sum misses numpy's here

@@ -987,3 +987,38 @@ def test_block_host_run_equals_the_batched_run(dtype: torch.dtype, point_mass: b
             assert engine.run(chain, noise).node.tolist() == host.node.tolist()
             checked += 1
     assert checked == 120
+
+
+def test_block_float64_masses_add_in_numpy_order() -> None:
+    """float64 masses :math:`S_i` are the reference's ``positive_part(w p - q).sum()`` bit for
+    bit on every route (numpy's pairwise order; ``torch.sum`` of a long row differs from it,
+    and with the batch shape), so no route's verdict moves with a 1-ulp mass."""
+    generator = torch.Generator().manual_seed(8)
+    batch, gamma, vocab = 2, 3, 40_000
+    target = torch.rand(batch, gamma + 1, vocab, generator=generator, dtype=torch.float64) ** 6
+    target /= target.sum(-1, keepdim=True)
+    draft = torch.rand(batch, gamma, vocab, generator=generator, dtype=torch.float64) ** 6
+    draft /= draft.sum(-1, keepdim=True)
+    tokens = torch.randint(0, vocab, (batch, gamma), generator=generator)
+    chain = C.chain_round(tokens, torch.full((batch,), gamma), target, draft, torch.float64)
+    engine = R.BLOCK_CHAIN
+    weights = engine.chain_weights(chain)  # [B, γ + 1]
+    expected = np.zeros((batch, gamma + 1))
+    differs = 0
+    for row in range(batch):
+        for node in range(1, gamma):
+            w = float(weights[row, node])
+            values = np.maximum(w * target[row, node].numpy() - draft[row, node].numpy(), 0)
+            expected[row, node] = values.sum()
+            differs += float(torch.from_numpy(values).sum()) != expected[row, node]
+            host = engine.host_residual(
+                chain, torch.empty(1, vocab, dtype=torch.float64), row, node, w
+            )
+            assert host == expected[row, node]
+    assert differs  # the case has teeth: torch's own sum misses numpy's on some row
+    masses = engine.row_masses(chain, weights).numpy()
+    assert np.array_equal(masses[:, 1:gamma], expected[:, 1:gamma])
+    accept = torch.zeros(batch, gamma + 1, dtype=torch.float64)
+    accept[:, gamma] = LARGEST_BELOW_ONE  # the end fails: the deepest inner node is read
+    deciding = engine.deciding_masses(chain, weights, ssg.Noise(accept, accept))
+    assert np.array_equal(deciding.numpy()[:, gamma - 1], expected[:, gamma - 1])

@@ -112,7 +112,7 @@ class Block(TreeLowering):
         for node in range(num_nodes):
             torch.mul(target_probs[:, node], scale[:, node, None], out=buffer)
             buffer.sub_(draft_probs[:, node]).clamp_min_(0)  # (w p - q)_+
-            mass[:, node] = buffer.sum(-1)
+            mass[:, node] = ops.numpy_sum(buffer)  # float64: numpy's order, as the reference
         mass64 = mass.to(torch.float64)  # [B, N]
         denominator = mass64 + (1 - weights)  # [B, N]
         positive = denominator > 0  # [B, N]
@@ -154,7 +154,7 @@ class Block(TreeLowering):
         target = target_probs[rows, node]  # [B, V]
         scale = weights[rows, node].to(target.dtype)[:, None]  # [B, 1]
         residual = (target * scale).sub_(draft_probs[rows, node]).clamp_min_(0)  # [B, V]
-        mass = residual.sum(-1, keepdim=True)  # [B, 1]
+        mass = ops.numpy_sum(residual)[:, None]  # [B, 1]
         has_mass = mass > 0  # [B, 1]
         normalised = residual.div_(torch.where(has_mass, mass, 1.0))  # [B, V]
         at_end = (batch.candidates[rows, node, 0] == PAD)[:, None]  # [B, 1]

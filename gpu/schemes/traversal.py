@@ -273,7 +273,7 @@ class Traversal(TreeLowering):
         zeros when nothing is left), as :func:`specsampling.ops.remove_token`."""
         torch.mul(target, weight.to(target.dtype)[:, None], out=leftover)
         leftover.sub_(draft).clamp_min_(0)  # (w P - Q)_+
-        mass = leftover.sum(-1, keepdim=True)  # [B, 1]
+        mass = ops.numpy_sum(leftover)[:, None]  # [B, 1], numpy's order in float64
         has_mass = mass > 0  # [B, 1]
         leftover.div_(torch.where(has_mass, mass, 1.0))
         mass64 = mass.squeeze(-1).to(torch.float64)  # [B]
@@ -281,7 +281,7 @@ class Traversal(TreeLowering):
             has_mass.squeeze(-1), mass64 / (mass64 + (1 - weight)), 0.0
         )  # [B] (S > 0: the denominator is positive)
         draft.scatter_(1, token[:, None], 0.0)
-        remaining = draft.sum(-1, keepdim=True)  # [B, 1]
+        remaining = ops.numpy_sum(draft)[:, None]  # [B, 1]
         draft.div_(torch.where(remaining > 0, remaining, 1.0))  # zeros stay zeros
         return new_weight, has_mass
 
