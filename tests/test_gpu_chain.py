@@ -1022,3 +1022,92 @@ def test_block_float64_masses_add_in_numpy_order() -> None:
     accept[:, gamma] = LARGEST_BELOW_ONE  # the end fails: the deepest inner node is read
     deciding = engine.deciding_masses(chain, weights, ssg.Noise(accept, accept))
     assert np.array_equal(deciding.numpy()[:, gamma - 1], expected[:, gamma - 1])
+
+
+# --------------------------------------------------------------------------- standard's host route
+@pytest.mark.parametrize("point_mass", [False, True], ids=["draft_probs", "point_mass"])
+def test_chain_engines_pathwise_on_one_and_two_rows(point_mass: bool) -> None:
+    """Rounds of one and two rows take the CPU's host routes (``StandardChain.host_run``,
+    ``GreedyChain.host_run``, ``BlockChain.host_run``): every chain scheme's verdicts are the
+    reference's, bit for bit, with and without validation; greedy also on lanes whose one-hot
+    draft covers its support."""
+    assert C.HOST_STANDARD_ROWS >= 2
+    for name in chain_schemes():
+        for seed in range(2):
+            rounds = chain_rounds(
+                ss.pairs.Random(5, seed=seed), np.random.default_rng(seed), 12, point_mass
+            )
+            if name == "greedy" and not point_mass:
+                rounds = covering_rounds(seed)[:12]
+            for start in range(0, len(rounds), 2):
+                for size in (1, 2):
+                    part = rounds[start : start + size]
+                    assert mismatches(name, part, point_mass) == [], name
+                    assert mismatches(name, part, point_mass, validate=False) == [], name
+
+
+def random_tables(
+    generator: torch.Generator, batch: int, dtype: torch.dtype, point_mass: bool, hot: float
+) -> tuple[C.ChainTables, ssg.Noise]:
+    """Correlated rows over 300 tokens, ragged lengths; ``hot``: the share of draft rows that
+    are the one-hot of their drafted token (greedy's covering lanes)."""
+    gamma, vocab = 5, 300
+    logits = 3 * torch.randn(batch, gamma + 1, vocab, generator=generator, dtype=torch.float64)
+    target = logits.softmax(-1)
+    draft = (logits[:, :gamma] + torch.randn(batch, gamma, vocab, generator=generator)).softmax(-1)
+    tokens = torch.multinomial(draft.reshape(-1, vocab), 1, generator=generator)
+    tokens = tokens.view(batch, gamma)
+    covering = torch.rand(batch, gamma, generator=generator) < hot
+    one_hot = torch.nn.functional.one_hot(tokens, vocab).to(draft.dtype)
+    draft = torch.where(covering[..., None], one_hot, draft)
+    lengths = torch.randint(0, gamma + 1, (batch,), generator=generator)
+    tables = C.padded_tables(
+        tokens, lengths, target.to(dtype), None if point_mass else draft.to(dtype)
+    )
+    noise = ssg.Noise(
+        torch.rand(batch, gamma + 1, generator=generator, dtype=torch.float64),
+        torch.rand(batch, gamma + 1, generator=generator, dtype=torch.float64),
+    )
+    return tables, noise
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_standard_host_run_equals_the_batched_run(dtype: torch.dtype) -> None:
+    """``host_run`` and ``batched_run`` of the standard and greedy engines give the same
+    verdicts and unresolved flags on the same round: draft tables and point masses, one and
+    two rows, one round and rounds until no hit, caller's bonus tokens (vLLM's layout), noise
+    at 0 and next to 1, covering lanes for greedy, and the zero-mass residual hit."""
+    generator = torch.Generator().manual_seed(11)
+    checked = 0
+    for trial in range(80):
+        engine = (C.STANDARD_CHAIN, C.GREEDY_CHAIN)[trial % 2]
+        point_mass = engine is C.STANDARD_CHAIN and trial % 4 == 2
+        batch = 1 + (trial // 2) % 2
+        tables, noise = random_tables(generator, batch, dtype, point_mass, 0.3)
+        if trial % 5 == 1:
+            noise = ssg.Noise(torch.zeros_like(noise.accept), noise.sample)
+        if trial % 5 == 2:
+            noise = ssg.Noise(torch.full_like(noise.accept, LARGEST_BELOW_ONE), noise.sample)
+        if trial % 3 == 0:
+            bonus = torch.randint(0, 300, (batch,), generator=generator)
+            tables = tables._replace(bonus_tokens=bonus)
+        rounds = (None, 1)[trial % 2 == 0 and trial % 3 == 1]
+        host = engine.host_run(tables, noise, rounds)
+        batched = engine.batched_run(tables, noise, rounds)
+        for a, b in zip((*host[0], host[1]), (*batched[0], batched[1]), strict=True):
+            assert a.dtype == b.dtype and torch.equal(a, b), (trial, a, b)
+        checked += 1
+    draft_tokens, target, draft, noise = hit_round()
+    for engine in (C.STANDARD_CHAIN, C.GREEDY_CHAIN):
+        tables = C.padded_tables(draft_tokens, torch.tensor([1]), target.to(dtype), draft.to(dtype))
+        for rounds in (None, 1):
+            host, batched = (
+                engine.host_run(tables, noise, rounds),
+                engine.batched_run(tables, noise, rounds),
+            )
+            assert host[0].tokens.tolist() == batched[0].tokens.tolist()
+            assert host[1].tolist() == batched[1].tolist()
+            if dtype == torch.float64:  # (float32 rounds the hit away: p == q there)
+                assert host[1].tolist() == [rounds == 1]
+            checked += 1
+    assert checked == 84

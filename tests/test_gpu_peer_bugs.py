@@ -137,17 +137,20 @@ class Float32Tests(C.StandardChain):
         return super().tests(tables, accept_uniforms.float().double())
 
 
-def accepts_at_the_top(engine: C.StandardChain) -> bool:
-    """p(x) == q(x): accepted for every u < 1, the largest float64 below 1 included."""
+def accepts_at_the_top(engine: C.StandardChain, host: bool = False) -> bool:
+    """p(x) == q(x): accepted for every u < 1, the largest float64 below 1 included (on the
+    batched route, or the CPU's host route for a few rows)."""
     target = torch.tensor([[[0.25, 0.75], [0.5, 0.5]]], dtype=torch.float64)
     draft = target[:, :1].clone()
     top = torch.tensor([[0.0, LARGEST_BELOW_ONE]], dtype=torch.float64)
     tables = C.padded_tables(torch.tensor([[1]]), torch.tensor([1]), target, draft)
-    return int(engine.run(tables, ssg.Noise(top, top))[0].node[0]) == 1
+    run = engine.host_run if host else engine.batched_run
+    return int(run(tables, ssg.Noise(top, top))[0].node[0]) == 1
 
 
 def test_explicit_uniforms_are_not_rounded() -> None:
     assert accepts_at_the_top(C.STANDARD_CHAIN)
+    assert accepts_at_the_top(C.STANDARD_CHAIN, host=True)
     assert not accepts_at_the_top(Float32Tests())
 
 
@@ -235,7 +238,7 @@ class InputDtypeTests(C.StandardChain):
         return real & (accept_uniforms.to(dtype) * draft_x < target_x)
 
 
-def tiny_q_accepted(engine: C.StandardChain, dtype: torch.dtype) -> bool:
+def tiny_q_accepted(engine: C.StandardChain, dtype: torch.dtype, host: bool = False) -> bool:
     """A drafted token whose tiny q equals p (fp16: a subnormal; bf16: 1e-30) is accepted for
     u just below 1, as in float64 arithmetic."""
     tiny = 6e-8 if dtype == torch.float16 else 1e-30
@@ -243,13 +246,15 @@ def tiny_q_accepted(engine: C.StandardChain, dtype: torch.dtype) -> bool:
     draft = target[:, :1].clone()
     u = torch.tensor([[0.0, 0.9999]], dtype=torch.float64)
     tables = C.padded_tables(torch.tensor([[1]]), torch.tensor([1]), target, draft)
-    out = engine.run(tables, ssg.Noise(u, u))[0]
+    run = engine.host_run if host else engine.batched_run
+    out = run(tables, ssg.Noise(u, u))[0]
     return int(out.node[0]) == 1
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_low_precision_is_upcast_before_the_ratio(dtype: torch.dtype) -> None:
     assert tiny_q_accepted(C.STANDARD_CHAIN, dtype)
+    assert tiny_q_accepted(C.STANDARD_CHAIN, dtype, host=True)
     assert not tiny_q_accepted(InputDtypeTests(), dtype)
     # through the entry point, and a drafted token whose q underflowed to 0 is reported
     tiny = 6e-8 if dtype == torch.float16 else 1e-30
