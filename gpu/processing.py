@@ -137,6 +137,7 @@ def process(
     top_p: Any = None,
     *,
     validate: bool = True,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     r"""Turn logits ``(..., vocab_size)`` into the probabilities sampled from, row by row.
 
@@ -160,11 +161,19 @@ def process(
         (the same tokens, slower) unless a host-known ``k < V`` bounds it below float64; on the
         CPU, where host reads cost no synchronisation, it keeps the faster routes.
         Python scalars and sequences are always checked, on the host, at no device cost.
+    out : torch.Tensor, optional
+        Write the probabilities into this contiguous tensor of ``logits``' shape, device and
+        the result's dtype (not sharing memory with ``logits``) and return it. A serving loop
+        that reuses one buffer per table skips the allocation of a fresh table each call,
+        whose page faults are most of a softmax's time on a CPU for tables above glibc's
+        32 MiB mmap threshold (and static buffers are what CUDA graphs replay). Every route
+        writes its result there; the values are the same as without ``out``.
 
     Returns
     -------
     torch.Tensor, shape (..., vocab_size)
-        Float64 for float64 (or integer) logits, float32 for float32 / float16 / bfloat16 logits.
+        ``out`` when given. Float64 for float64 (or integer) logits, float32 for float32 /
+        float16 / bfloat16 logits.
         Float64 keeps the reference's tokens; below float64 top-p counts masses in integer
         units of ``2 ** -(62 - bit_length(V))`` (the module docstring's dtype rule), so every
         device keeps the same tokens, which differ from float64's only where a cumulative mass
@@ -190,12 +199,18 @@ def process(
     [[1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0]]
     """
     if not validate and _plain_softmax(logits, temperature, top_k, top_p):
-        return torch.softmax(logits.to(torch.float32), -1)  # what the general route computes
+        if out is None:
+            return torch.softmax(logits.to(torch.float32), -1)  # what the general route computes
+        _check_out(out, logits, torch.float32)
+        if logits.dtype == torch.float32:
+            return torch._softmax(logits, -1, False, out=out)
+        return torch._softmax(out.copy_(logits), -1, False, out=out)  # upcast into `out`
     logits = _as_logits(logits)
     vocab_size = logits.shape[-1]
     batch_shape = tuple(logits.shape[:-1])
     exact = logits.dtype == torch.float64 or not logits.is_floating_point()
     dtype = torch.float64 if exact else torch.float32
+    buffer = None if out is None else _check_out(out, logits, dtype).view(-1, vocab_size)
     x = logits.to(dtype).reshape(-1, vocab_size)  # [R, V]
     temperature = _Parameter.parse(temperature, "temperature", batch_shape, x.device)
     top_k = _Parameter.parse(top_k, "top_k", batch_shape, x.device)
@@ -205,12 +220,13 @@ def process(
 
     greedy = (temperature.rows == 0)[:, None]  # [R, 1]
     if temperature.host and temperature.host_max == 0:  # greedy on every row
-        return _one_hot_argmax(x).reshape(logits.shape)
+        one_hot = _one_hot_argmax(x, buffer)  # [R, V]
+        return one_hot.reshape(logits.shape) if out is None else out
     if not exact and _small_top_k(top_k, vocab_size):
         sync_free = not (validate or _reads_are_free(x.device))
-        probs = _top_k_logits(x, temperature, greedy, top_k, top_p, sync_free)  # [R, V]
+        probs = _top_k_logits(x, temperature, greedy, top_k, top_p, sync_free, buffer)  # [R, V]
     else:
-        probs = _softmax(x, temperature, greedy)  # [R, V], a new tensor
+        probs = _softmax(x, temperature, greedy, buffer)  # [R, V], new or `buffer`
         kept = _keep(probs, top_k, top_p, validate)  # or None: every token kept
         if kept is not None:
             _zero_dropped(probs, kept)  # in place
@@ -220,6 +236,8 @@ def process(
         top = ops.argmax_blocks(x)[:, None]  # [R, 1]
         probs.masked_fill_(greedy, 0.0)  # [R, V], in place: a one-hot on greedy rows
         probs.scatter_(-1, top, torch.where(greedy, 1.0, probs.gather(-1, top)))
+    if out is not None:  # every route above wrote into it
+        return out
     return probs.reshape(logits.shape)
 
 
@@ -254,9 +272,10 @@ def _top_k_logits(
     top_k: _Parameter,
     top_p: _Parameter,
     sync_free: bool,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Top-k, then top-p within it, below float64 (``[R, V]``, normalised): no softmax of the
-    whole row.
+    """Top-k, then top-p within it, below float64 (``[R, V]``, normalised, in ``out`` when
+    given): no softmax of the whole row.
 
     :func:`~specsampling.gpu.ops.topk_blocks` of the logits gives each row's ``k_max + 1``
     largest values; the kept ones are the first ``k`` (ties to the lower ids), or with top-p on
@@ -281,8 +300,11 @@ def _top_k_logits(
     total = torch.where(ranks < counts, weights, 0.0).sum(-1, keepdim=True)  # [R, 1]
     if sync_free:
         keep = _top_k_from_kth(x, counts[:, 0], kth)  # [R, V]
-        return torch.where(keep, _kept_probs(x, highest, divisor, total), 0.0)
-    probs = torch.zeros_like(x)  # [R, V]
+        kept_probs = _kept_probs(x, highest, divisor, total)  # [R, V]
+        if out is None:
+            return torch.where(keep, kept_probs, 0.0)
+        return torch.where(keep, kept_probs, torch.zeros((), dtype=x.dtype), out=out)
+    probs = torch.zeros_like(x) if out is None else out.zero_()  # [R, V]
     kept = torch.where(ranks < counts, _kept_probs(values, highest, divisor, total), 0.0)
     probs.scatter_(-1, index, kept)  # [R, V]
     tied = (kth == values.gather(-1, counts.clamp(max=size - 1)))[:, 0] & (counts[:, 0] < size)
@@ -336,8 +358,14 @@ def _divisor(x: torch.Tensor, temperature: _Parameter, greedy: torch.Tensor) -> 
     return divisor.clamp_min(_smallest_subnormal(x.dtype)).to(x.dtype)  # [R, 1]
 
 
-def _softmax(x: torch.Tensor, temperature: _Parameter, greedy: torch.Tensor) -> torch.Tensor:
-    """``softmax((x - max x) / T)`` per row of ``x [R, V]`` (T = 0 rows: divisor 1), a new tensor.
+def _softmax(
+    x: torch.Tensor,
+    temperature: _Parameter,
+    greedy: torch.Tensor,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``softmax((x - max x) / T)`` per row of ``x [R, V]`` (T = 0 rows: divisor 1), a new tensor
+    or ``out [R, V]`` (never ``x`` itself).
 
     Float64 mirrors the reference step by step (subtract, divide, ``exp``, divide by the pairwise
     row sum). Below float64 it is one buffer and a fused softmax: ``softmax(x)`` for a host
@@ -349,12 +377,12 @@ def _softmax(x: torch.Tensor, temperature: _Parameter, greedy: torch.Tensor) -> 
     fixed = temperature.host and temperature.host_min == temperature.host_max
     if x.dtype != torch.float64 and fixed:
         if temperature.host_min == 1:
-            return torch.softmax(x, -1)  # [R, V]
+            return torch.softmax(x, -1) if out is None else torch._softmax(x, -1, False, out=out)
         if temperature.host_min > 1:
-            scaled = x / temperature.host_min  # [R, V]
+            scaled = torch.div(x, temperature.host_min, out=out)  # [R, V]
             return torch._softmax(scaled, -1, False, out=scaled)
     divisor = _divisor(x, temperature, greedy)  # [R, 1]
-    scaled = (x - x.amax(-1, keepdim=True)).div_(divisor)  # [R, V], a new tensor
+    scaled = torch.sub(x, x.amax(-1, keepdim=True), out=out).div_(divisor)  # [R, V]
     if x.dtype != torch.float64:
         return torch._softmax(scaled, -1, False, out=scaled)
     probs = scaled.exp_()
@@ -883,9 +911,35 @@ def _top_k_from_kth(probs: torch.Tensor, counts: torch.Tensor, kth: torch.Tensor
     return above | (tied & (tied.cumsum(-1, dtype=torch.int32) <= room))  # [R, V]
 
 
-def _one_hot_argmax(x: torch.Tensor) -> torch.Tensor:
-    """One-hot on the first maximum of every row of ``x [R, V]`` (torch.argmax: first maximum)."""
-    return torch.zeros_like(x).scatter_(-1, ops.argmax_blocks(x)[:, None], 1.0)  # [R, V]
+def _one_hot_argmax(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """One-hot on the first maximum of every row of ``x [R, V]`` (torch.argmax: first maximum),
+    new or in ``out``."""
+    top = ops.argmax_blocks(x)[:, None]  # [R, 1], read before `out` is written
+    zeros = torch.zeros_like(x) if out is None else out.zero_()
+    return zeros.scatter_(-1, top, 1.0)  # [R, V]
+
+
+def _check_out(out: Any, logits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``out`` if it can hold :func:`process`'s result for ``logits`` in ``dtype``, else raise
+    :class:`ValueError` naming what is wrong."""
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"out: expected a torch.Tensor, got {type(out).__name__}")
+    problems = []
+    if tuple(out.shape) != tuple(logits.shape):
+        problems.append(f"shape {tuple(out.shape)} (logits: {tuple(logits.shape)})")
+    if out.dtype != dtype:
+        problems.append(f"dtype {out.dtype} (the result's: {dtype})")
+    if out.device != logits.device:
+        problems.append(f"device {out.device} (logits: {logits.device})")
+    if not out.is_contiguous():
+        problems.append("not contiguous")
+    if out.requires_grad:
+        problems.append("requires grad")
+    if out.numel() and out.untyped_storage().data_ptr() == logits.untyped_storage().data_ptr():
+        problems.append("shares memory with logits")
+    if problems:
+        raise ValueError("out: " + "; ".join(problems))
+    return out
 
 
 def _as_logits(logits: Any) -> torch.Tensor:

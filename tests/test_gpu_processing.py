@@ -466,3 +466,66 @@ def test_mutants_are_caught(mutant):
             got = mutant(torch.tensor(logits), temperature, top_k, top_p)
         caught += row_mismatches(got, expected)[0]
     assert caught > 0, f"{mutant.__name__} keeps the reference's tokens on every row"
+
+
+# ---------------------------------------------------------------------------- out=
+OUT_CASES = [
+    dict(),
+    dict(temperature=0),
+    dict(temperature=0.7),
+    dict(temperature=3.0),
+    dict(temperature=[0.0, 1.0, 0.5]),
+    dict(top_k=3),
+    dict(top_k=[1, None, 40]),
+    dict(top_k=5, top_p=0.6),
+    dict(top_p=0.9),
+    dict(top_p=[0.3, None, 0.95], temperature=[0.5, 0.0, 2.0]),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("validate", [True, False])
+@pytest.mark.parametrize(
+    "kwargs", OUT_CASES, ids=lambda k: ",".join(f"{a}={b}" for a, b in k.items()) or "plain"
+)
+def test_out_gets_every_route_s_values(kwargs: dict, validate: bool, dtype: torch.dtype) -> None:
+    """``out=`` is returned itself, holding exactly the values of the call without it, on every
+    route (plain softmax, temperatures, greedy rows, top-k with and without top-p, top-p alone),
+    for every input dtype; nothing of the garbage it held survives."""
+    generator = torch.Generator().manual_seed(2)
+    logits = (3 * torch.randn(3, 300, generator=generator, dtype=torch.float64)).to(dtype)
+    logits[1, 7] = logits[1, 8] = logits[1].max()  # a tie at the top
+    expected = process(logits, validate=validate, **kwargs)
+    out = torch.full_like(expected, float("nan"))
+    got = process(logits, validate=validate, out=out, **kwargs)
+    assert got is out
+    assert torch.equal(out, expected)
+    batched = logits.reshape(1, 3, 300)
+    out3 = torch.full((1, 3, 300), float("nan"), dtype=expected.dtype)
+    per_row = {k: [v] if isinstance(v, list) else v for k, v in kwargs.items()}
+    assert process(batched, validate=validate, out=out3, **per_row) is out3
+    assert torch.equal(out3[0], expected)
+
+
+def test_bad_out_is_named() -> None:
+    logits = torch.zeros(2, 5)
+    cases = [
+        (torch.zeros(2, 4), r"out: shape \(2, 4\) \(logits: \(2, 5\)\)"),
+        (
+            torch.zeros(2, 5, dtype=torch.float64),
+            r"out: dtype torch.float64 \(the result's: torch.float32\)",
+        ),
+        (torch.zeros(5, 2).t(), "out: not contiguous"),
+        (torch.zeros(2, 5, requires_grad=True), "out: requires grad"),
+        (logits, "out: shares memory with logits"),
+    ]
+    for validate in (True, False):
+        for out, message in cases:
+            with pytest.raises(ValueError, match=message):
+                process(logits, validate=validate, out=out)
+        with pytest.raises(TypeError, match=r"out: expected a torch\.Tensor, got list"):
+            process(logits, validate=validate, out=[0.0] * 10)
+    with pytest.raises(
+        ValueError, match=r"out: dtype torch.float32 \(the result's: torch.float64\)"
+    ):
+        process(logits.double(), out=torch.zeros(2, 5))
