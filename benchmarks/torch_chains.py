@@ -114,11 +114,24 @@ def measure(
         return target, draft  # [B, γ + 1, V], [B, γ, V]
 
     target_probs, draft_probs = processed()
+    # One buffer per table reused every call, as a serving loop would: no fresh table to fault in.
+    buffers = (torch.empty_like(target_probs), torch.empty_like(draft_probs))
+
+    def processed_into():
+        target = ssg.process(target_logits, temperature=temperature, validate=False, out=buffers[0])
+        draft = ssg.process(draft_logits, temperature=temperature, validate=False, out=buffers[1])
+        return target, draft
+
     fns = {
         "floor": lambda: (target_logits.sum(), draft_logits.sum()),
         "exp": lambda: (target_logits.exp().sum(-1), draft_logits.exp().sum(-1)),
         "softmax": lambda: (target_logits.softmax(-1), draft_logits.softmax(-1)),
+        "softmax_out": lambda: (
+            torch._softmax(target_logits, -1, False, out=buffers[0]),
+            torch._softmax(draft_logits, -1, False, out=buffers[1]),
+        ),
         "process": processed,
+        "process_out": processed_into,
     }
     hf_emitted = None
     if speculative_sampling is not None:
@@ -153,7 +166,12 @@ def measure(
         def verify_only(run=run, generator=generator):
             return run(draft_tokens, target_probs, draft_probs, generator)
 
+        def reused(run=run, generator=generator):
+            target, draft = processed_into()
+            return run(draft_tokens, target, draft, generator)
+
         fns[f"full:{name}"] = full
+        fns[f"reused:{name}"] = reused
         fns[f"verify:{name}"] = verify_only
         emitted[name] = float(full().num_emitted.double().mean())
         if path != "verify_chain":
@@ -203,6 +221,9 @@ def measure(
                 ms(f"validate:{name}"),
                 ms(f"f64:{name}"),
                 compile_notes.get(name, ms(f"compiled:{name}")),
+                ms(f"reused:{name}"),
+                sig(best["hf"] / best[f"reused:{name}"], 2) + "x" if "hf" in best else "n/a",
+                sig(best[f"reused:{name}"] / best["softmax_out"], 2) + "x",
             ]
         )
     refs = dict(best)
@@ -223,6 +244,9 @@ HEADER = [
     "verify, validate=True (ms)",
     "verify, float64 (ms)",
     "verify, compiled (ms)",
+    "process(out=) + verify (ms)",
+    "HF loop / ours, out=",
+    "ours, out= / softmax into a reused buffer",
 ]
 
 
@@ -233,6 +257,9 @@ def reference_lines(refs: dict[str, float], batch_size: int) -> str:
         f"{sig(refs['exp'] * 1e3)} ms",
         f"- `torch.softmax` of both tables, for scale: {sig(refs['softmax'] * 1e3)} ms",
         f"- `ssg.process` of both tables alone: {sig(refs['process'] * 1e3)} ms",
+        "- softmax of both tables into reused buffers (`torch._softmax(..., out=)`, the floor "
+        f"with no fresh memory): {sig(refs['softmax_out'] * 1e3)} ms; `ssg.process(..., out=)` "
+        f"of both: {sig(refs['process_out'] * 1e3)} ms",
     ]
     if "hf" in refs:
         lines.append(
@@ -305,7 +332,9 @@ Float32 logits of a correlated pair (`common.chain_logits`, seed {args.seed}); t
 verify (validation off); "HF loop / ours" divides Hugging Face's per-sequence loop (logits in,
 its own softmax) by that; "ours / read floor" divides it by one `sum` over each logits table,
 "ours / exp floor" by one `exp` pass over each (the normalisers: no exact verifier from logits
-can go below it).
+can go below it). The last three columns process into one reused buffer per table
+(`ssg.process(..., out=)`, what a serving loop that keeps its buffers does): no fresh
+`[B, γ + 1, V]` table, whose page faults are most of a softmax's time on some machines.
 Median of {args.repeats} interleaved repeats after a warm-up (latency: {args.repeats * 3}).
 Goals: HF loop / ours >= 10x, ours / read floor <= 4x; chain fast paths: verify / softmax
 <= 0.25x, process + verify <= 1.5x the exp floor (B = 64) and <= 2x (B = 1, V = 151,936).

@@ -37,6 +37,15 @@ it: with point-mass drafts (``draft_probs=None``) it takes NSS's engine, with dr
 registered scheme exact on sampled chains therefore has a chain engine here; the general walk
 on a :class:`~specsampling.gpu.TreeBatch` of chains (law ``iid``) serves subclasses (mutants).
 
+Host routes. A round of one or two rows on the CPU (outside ``torch.compile``) is dominated by
+the number of small tensor ops, not by passes over ``V``: there the engines walk each row on the
+host (:meth:`StandardChain.host_run`, :meth:`GreedyChain.host_run`,
+:meth:`~specsampling.gpu.chain_rules.BlockChain.host_run` up to eight rows): accept tests and
+weights as Python floats (the same float64 operations), lanes tested only up to the first
+failure, torch only for the rows over ``V`` (on views of the tables), the same functions for
+the stop draw. The same tokens as the batched routes (tested bit for bit in float64; float32 may
+differ where torch's threads add one long row in another order than a batch of rows).
+
 Precision. float64 tables give the reference's verdicts bit for bit; float32 (bf16/fp16 upcast
 to it, row by row on the standard path) is the fast path: accept tests in float64 on gathered
 values, residual rows in float32, the stop token by the two-level inverse CDF of

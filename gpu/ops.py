@@ -12,7 +12,9 @@ each row. No host synchronisation, no loop over rows or the vocabulary.
   the reference); :func:`normalise` divides by it.
 * :func:`block_sums`, :func:`categorical_blocks` -- the float32 inverse CDF in two levels
   (sums of 128-token blocks, then one block), never normalising and never materialising a
-  ``[B, V]`` cumulative sum or a float64 copy of a row.
+  ``[B, V]`` cumulative sum or a float64 copy of a row. On the CPU outside ``torch.compile``
+  (where a host read costs nothing) up to :data:`HOST_DRAW_ROWS` rows search their block sums
+  in numpy instead of ~25 small torch ops: the same tokens.
 * :func:`host_reads_free` -- whether a CPU route may read the device (a CPU tensor, eager).
 * :func:`argmax_blocks` -- ``torch.argmax`` over the last axis in the same two levels (block
   maxima, then one block): the same index, several times faster on CPU; :func:`max_off_token`,
