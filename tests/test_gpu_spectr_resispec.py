@@ -373,7 +373,9 @@ def test_fused_rejection_rounds_as_the_reference_formula(dtype: torch.dtype) -> 
     terms = (draft - target / rho[:, None]).clamp_min(0)
     fused = torch.addcdiv(draft, target, rho[:, None], value=-1).clamp_min_(0)
     assert torch.equal(fused, terms)
-    assert torch.equal(lowered_spectr.rejection(target, draft, rho), terms.sum(-1))
+    # summed in numpy's order in float64 (the reference's ``total``), by torch below it
+    expected = torch.from_numpy(terms.numpy().sum(-1)) if dtype == torch.float64 else terms.sum(-1)
+    assert torch.equal(lowered_spectr.rejection(target, draft, rho), expected)
 
 
 def test_optimised_plans_only_nodes_with_two_candidates(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -448,3 +450,31 @@ def test_gamma_equals_the_reference_horner_loop_bit_for_bit() -> None:
     got = lowered_spectr.gamma(torch.tensor(rejected), torch.tensor(counts), 12).tolist()
     for value, r, k in zip(got, rejected, counts, strict=True):
         assert value == _gamma(float(r), max(int(k), 1)), (r, k)
+
+
+def test_float64_normalisers_add_in_numpy_order() -> None:
+    """SpecTr's rejection mass and residual normaliser, and a ``without`` step's renormaliser
+    (coupled lowerings), sum in numpy's pairwise order in float64, as the references' ``total``
+    and ``.sum()``: bit for bit at a vocabulary where ``torch.sum`` misses it."""
+    from specsampling.gpu.schemes.coupled import without_proposal
+
+    rng = np.random.default_rng(6)
+    weights = rng.random((4, 40_000)) ** 6
+    target = rng.random((4, 40_000))
+    differs = torch.from_numpy(weights).sum(-1).numpy() != weights.sum(-1)  # [4]
+    assert differs.any()  # the case has teeth: torch's batched sum misses numpy's on a row
+    rows = torch.from_numpy(weights)
+    out = lowered_spectr.normalised_or_target(rows, torch.from_numpy(target))
+    assert torch.equal(out, torch.from_numpy(weights / weights.sum(-1, keepdims=True)))
+    taken = torch.zeros_like(rows, dtype=torch.bool)
+    taken[:, 3] = True
+    proposal, drawable = without_proposal(rows, taken)
+    remaining = weights.copy()
+    remaining[:, 3] = 0
+    assert bool(drawable.all())
+    assert torch.equal(proposal, torch.from_numpy(remaining / remaining.sum(-1, keepdims=True)))
+    rho = torch.full((4,), 1.5, dtype=torch.float64)
+    expected = np.maximum(weights - target / 1.5, 0).sum(-1)
+    assert torch.equal(
+        lowered_spectr.rejection(torch.from_numpy(target), rows, rho), torch.from_numpy(expected)
+    )

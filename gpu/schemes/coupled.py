@@ -43,6 +43,7 @@ from specsampling.schemes.coupled import KeyedScheme
 from specsampling.shapes import Shape, check_shape
 
 from .. import keyed as gk
+from .. import ops
 from ..tree import PAD, TreeBatch
 from .base import Descent, Lowering, Verified
 
@@ -122,7 +123,7 @@ def without_proposal(
     """A ``without`` step races ``q`` without the node's children, renormalised (the reference
     ``remaining / remaining.sum()``); it is skipped where that mass is zero."""
     remaining = torch.where(taken, torch.zeros_like(draft), draft)  # [B, V]
-    mass = remaining.sum(-1)  # [B]
+    mass = ops.numpy_sum(remaining)  # [B], numpy's order in float64
     drawable = mass > 0  # [B]
     return remaining / torch.where(drawable, mass, 1.0)[:, None], drawable
 

@@ -412,7 +412,7 @@ class ResiSpec(NodeLowering):
             )  # [B, V]
             kept = torch.minimum(torch.minimum(sub.clamp_min(0), current), proposal)  # [B, V]
             rest = self.shaped_rest(current, kept, token)  # [B, V]
-            mass = rest.sum(-1, keepdim=True)  # [B, 1]
+            mass = ops.numpy_sum(rest)[:, None]  # [B, 1], numpy's order in float64
             kept_x = ops.gather_tokens(kept, token)  # [B]
             proposal_x = ops.gather_tokens(proposal, token)  # [B]
             u = uniforms[:, slot]  # [B]

@@ -87,9 +87,10 @@ def rejection(target: torch.Tensor, draft: torch.Tensor, rho: torch.Tensor) -> t
     r""":math:`1 - \beta(\rho) = \sum_x (q(x) - p(x)/\rho)_+` per row (``[B, V]`` rows, ``[B]``).
 
     One fused ``addcdiv`` (``q + (-1) (p / \rho)``: the same rounding as ``q - p / \rho``, since
-    negation is exact), clipped in place, then summed: one ``[B, V]`` temporary instead of three.
+    negation is exact), clipped in place, then summed (in numpy's order in float64, as the
+    reference): one ``[B, V]`` temporary instead of three.
     """
-    return torch.addcdiv(draft, target, rho[:, None], value=-1).clamp_min_(0).sum(-1)  # [B]
+    return ops.numpy_sum(torch.addcdiv(draft, target, rho[:, None], value=-1).clamp_min_(0))
 
 
 def mantissa_bits(dtype: torch.dtype) -> int:
@@ -173,8 +174,9 @@ def residual(
 
 
 def normalised_or_target(weights: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """``weights / sum`` per row, or ``target`` where the weights have no mass (``[B, V]``)."""
-    mass = weights.sum(-1, keepdim=True)  # [B, 1]
+    """``weights / sum`` per row, or ``target`` where the weights have no mass (``[B, V]``; the
+    sum in numpy's order in float64)."""
+    mass = ops.numpy_sum(weights)[:, None]  # [B, 1]
     has_mass = mass > 0  # [B, 1]
     return torch.where(
         has_mass, weights / torch.where(has_mass, mass, torch.ones_like(mass)), target
