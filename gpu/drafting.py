@@ -235,7 +235,7 @@ class TreeDrafter:
             return ops.categorical(probs, u), torch.ones_like(u, dtype=torch.bool)
         drawn = self.drawn_before(probs, parent_key, done)  # [B, V] bool
         remaining = probs.masked_fill(drawn, 0.0)  # [B, V]
-        mass = remaining.sum(-1, keepdim=True)  # [B, 1]
+        mass = ops.numpy_sum(remaining)[:, None]  # [B, 1], numpy's order in float64
         exists = mass[:, 0] > 0  # [B]
         if mode == "top":
             return self.top_token(remaining), exists
