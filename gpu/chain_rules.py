@@ -92,13 +92,8 @@ def take_rows(table: torch.Tensor, lane: torch.Tensor) -> torch.Tensor:
     return table.view(batch_size * lanes, vocab).index_select(0, rows)  # [B, V]
 
 
-def draw_rows(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Inverse-CDF draws from every row of ``probs [N, V]`` with ``u [N]``: float64 by
-    :func:`~specsampling.gpu.ops.categorical` (the reference's roundings), below float64 by
-    :func:`~specsampling.gpu.ops.categorical_blocks`. Host dispatch on the dtype only."""
-    if probs.dtype == torch.float64:
-        return ops.categorical(probs, u)
-    return ops.categorical_blocks(probs, u)
+#: :func:`specsampling.gpu.ops.draw_rows`, under the name the chain engines import.
+draw_rows = ops.draw_rows
 
 
 class NSSChain:

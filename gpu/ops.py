@@ -339,6 +339,21 @@ def categorical_blocks_batched(weights: torch.Tensor, u: torch.Tensor) -> torch.
     return pick_in_block(block, values, rest)
 
 
+def draw_rows(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draws from every row of ``probs [N, V]`` with ``u [N]``: float64 by
+    :func:`categorical` (the reference's roundings, path-wise), below float64 by
+    :func:`categorical_blocks` (one blocked read, no ``[N, V]`` cumulative sum; exact in law,
+    the token differing only where the threshold lies within rounding of a boundary). Host
+    dispatch on the dtype only.
+
+    >>> draw_rows(torch.tensor([[0.0, 2.0, 0.0, 2.0]]), torch.tensor([0.75], dtype=torch.float64))
+    tensor([3])
+    """
+    if probs.dtype == torch.float64:
+        return categorical(probs, u)
+    return categorical_blocks(probs, u)
+
+
 def categorical_blocks_or(
     weights: torch.Tensor, fallback: torch.Tensor, use_fallback: torch.Tensor, u: torch.Tensor
 ) -> torch.Tensor:

@@ -130,20 +130,25 @@ class FuzzPair:
 
 # --------------------------------------------------------------------------- the fuzz harness
 class NaNWatch:
-    """Wraps ``ssg.ops.categorical`` (every lowering draws through it): records draws from a
+    """Wraps ``ssg.ops.categorical`` and ``ssg.ops.categorical_blocks`` (every lowering draws
+    through one of them: float64 the first, below it the second): records draws from a
     distribution with a NaN or inf entry, or from a non-finite uniform."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.bad = 0
         self.calls = 0
-        original = ssg.ops.categorical
+        for name in ("categorical", "categorical_blocks"):
+            self.watch(monkeypatch, name)
+
+    def watch(self, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+        original = getattr(ssg.ops, name)
 
         def watched(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
             self.calls += 1
             self.bad += int((~torch.isfinite(probs)).any()) + int((~torch.isfinite(u)).any())
             return original(probs, u)
 
-        monkeypatch.setattr(ssg.ops, "categorical", watched)
+        monkeypatch.setattr(ssg.ops, name, watched)
 
 
 def fuzz_rounds(

@@ -320,7 +320,7 @@ class NodeLowering(TreeLowering):
             step = self.step(extra, target, draft, candidate_tokens, valid, accept_uniforms)
             bonus = target_probs[sub, self.bonus_row(batch, walk.node)[sub]]  # [L, V]
             stop_probs = torch.where(leaf[:, None], bonus, step.stop_probs)  # [L, V]
-            drawn = ops.categorical(stop_probs, noise.sample[sub, node])  # [L]
+            drawn = ops.draw_rows(stop_probs, noise.sample[sub, node])  # [L]
 
             accepted = torch.where(leaf, PAD, step.accepted)  # [L]
             hit = valid & (candidate_tokens == drawn[:, None])  # [L, C]

@@ -173,7 +173,7 @@ class Block(TreeLowering):
         accept = self.block_acceptances(batch, weights, target_probs, draft_probs)  # [B, N]
         node = self.choose_tau(path, accept, noise)  # [B]
         probs = self.emit(batch, node, weights, target_probs, draft_probs)  # [B, V]
-        token = ops.categorical(probs, noise.sample[rows, node])  # [B]
+        token = ops.draw_rows(probs, noise.sample[rows, node])  # [B]
         depth = batch.depth[rows, node]  # [B]
         positions = torch.arange(batch.max_depth + 1, device=batch.device)  # [D + 1]
         path_tokens = batch.tokens.gather(1, path[:, 1:].clamp_min(0))  # [B, D]

@@ -442,7 +442,7 @@ class Traversal(TreeLowering):
             state.state_target[rows, slot],
             target_probs[rows, leaf],
         )  # [B, V]
-        token = ops.categorical(probs, noise.sample[rows, leaf])  # [B]
+        token = ops.draw_rows(probs, noise.sample[rows, leaf])  # [B]
         return self.emitted_tokens(batch, leaf, token)
 
 
