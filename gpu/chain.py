@@ -623,20 +623,14 @@ class GreedyChain(StandardChain):
         nss = (num_accepted < tables.num_drafts) & covers.gather(1, lane).squeeze(-1)  # [B]
         return torch.where(nss, drawn.gather(1, lane).squeeze(-1), token), hit & ~nss
 
-    def run(
-        self, tables: ChainTables, noise: Noise, rounds: int | None = None
-    ) -> tuple[Verified, torch.Tensor]:
-        """As :meth:`StandardChain.run`, with NSS's rule on covering lanes (on the CPU for a few
-        rows, :meth:`host_run` with each lane's :math:`q'` and covering test formed when the
-        walk reaches it)."""
-        if on_host(tables):
-            return self.host_run(tables, noise, rounds)
-        return self.batched_run(tables, noise, rounds)
+    # run: StandardChain's dispatch, to this class's host_run (each lane's q' and covering test
+    # formed when the walk reaches it) or batched_run
 
     def batched_run(
         self, tables: ChainTables, noise: Noise, rounds: int | None = None
     ) -> tuple[Verified, torch.Tensor]:
-        """:meth:`run` on the batch at once: the lanes, every test, then the stop rounds."""
+        """As :meth:`StandardChain.batched_run`, with NSS's rule on covering lanes: the lanes,
+        every test, then the stop rounds."""
         own, covers, drawn = self.lanes(tables, noise)  # drawn: y ~ p where a lane covers
         accepted = self.greedy_tests(own, covers, drawn, noise.accept[:, 1:])  # [B, γ]
         settle = functools.partial(self.nss_stop, own, covers, drawn)
