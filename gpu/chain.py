@@ -253,7 +253,7 @@ def on_host(tables: ChainTables, rows: int = HOST_STANDARD_ROWS) -> bool:
     """Whether a chain engine takes its host route: a CPU round outside ``torch.compile`` of
     up to ``rows`` rows with at least one lane."""
     batch_size, gamma = tables.draft_tokens.shape
-    return gamma > 0 and batch_size <= rows and ops.host_reads_free(tables.target_flat)
+    return gamma > 0 and 0 < batch_size <= rows and ops.host_reads_free(tables.target_flat)
 
 
 class StandardChain:
@@ -457,11 +457,14 @@ class StandardChain:
     def host_draft(
         self, tables: ChainTables, host: HostChain, row: int, lane: int, out: torch.Tensor
     ) -> torch.Tensor:
-        """``q`` at ``lane`` as the residual reads it, ``[1, V]`` (a view of the table; ``out``
-        is free for a rule that must compute it)."""
+        """``q`` at ``lane`` as the residual reads it, ``[1, V]``: the table's row (a view), or
+        divided by ``tables.draft_mass`` into ``out`` where the tables carry one."""
         assert tables.draft_flat is not None and host.draft_index is not None
         flat = host.draft_index[row][lane]
-        return tables.draft_flat[flat : flat + 1].to(tables.dtype)  # [1, V]
+        draft = tables.draft_flat[flat : flat + 1].to(tables.dtype)  # [1, V]
+        if tables.draft_mass is None:
+            return draft
+        return torch.div(draft, tables.draft_mass[flat : flat + 1, None], out=out)
 
     def host_stop(
         self, tables: ChainTables, host: HostChain, row: int, accepted: int
@@ -472,7 +475,8 @@ class StandardChain:
         lane = min(accepted, gamma - 1)
         token = host.drafted[row][lane]
         flat = host.target_index[row][accepted]
-        target = tables.target_flat[flat : flat + 1].to(tables.dtype)  # [1, V]
+        # contiguous, as the batched route's gathered rows: a row's sums depend on its layout
+        target = tables.target_flat[flat : flat + 1].to(tables.dtype).contiguous()  # [1, V]
         if bonus:  # the target itself: no residual to form
             weights, mass = target, torch.ones_like(target[:, :1])
         elif tables.draft_flat is None:
@@ -649,7 +653,7 @@ class GreedyChain(StandardChain):
         if key not in host.lanes:
             assert tables.draft_flat is not None and host.draft_index is not None
             flat, token = host.draft_index[row][lane], host.drafted[row][lane]
-            draft = tables.draft_flat[flat : flat + 1]  # [1, V], the table's dtype
+            draft = tables.draft_flat[flat : flat + 1].contiguous()  # [1, V], the table's dtype
             mass = ops.numpy_sum(draft.to(tables.dtype))  # [1]
             drafted = draft[:, token]  # [1]
             covers, drawn = False, PAD
@@ -657,7 +661,7 @@ class GreedyChain(StandardChain):
                 covers = not bool(ops.max_off_token(draft, torch.tensor([token]))[0] > 0)
             if covers:
                 at = host.target_index[row][lane]
-                target = tables.target_flat[at : at + 1].to(tables.dtype)  # [1, V]
+                target = tables.target_flat[at : at + 1].to(tables.dtype).contiguous()  # [1, V]
                 u = torch.tensor([host.sample[row][lane]], dtype=torch.float64)
                 drawn = int(draw_rows(target, u)[0])
             draft_x = float((drafted / mass).to(torch.float64)[0])  # q'(x), as drafted_mass
@@ -677,7 +681,9 @@ class GreedyChain(StandardChain):
     ) -> torch.Tensor:
         r""":math:`q' = q / \sum q` at ``lane`` in ``out [1, V]``."""
         values = self.host_lane(tables, host, row, lane)
-        draft = super().host_draft(tables, host, row, lane, out)  # [1, V]
+        assert tables.draft_flat is not None and host.draft_index is not None
+        flat = host.draft_index[row][lane]  # the raw row: q' replaces any draft_mass given
+        draft = tables.draft_flat[flat : flat + 1].to(tables.dtype)  # [1, V]
         return torch.div(draft, values.mass[:, None], out=out)
 
     def host_stop(
@@ -1047,6 +1053,9 @@ def verify_chain(
     target_probs = target_probs.to(device)
     draft_probs = None if draft_probs is None else draft_probs.to(device)
     dtype = check_dtype(dtype, target_probs, draft_probs)
+    if batch_size == 0:  # no rows: empty verdicts of the documented shapes
+        empty = draft_tokens.new_zeros((0,))  # [0] long
+        return Verified(empty, empty.clone(), draft_tokens.new_zeros((0, gamma + 1)), empty + 1)
     if gamma == 0:  # no drafts at all (a serving step without speculation): one padding lane
         verified = verify_chain(
             lowering,

@@ -47,6 +47,7 @@ are the reference's bit for bit.
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar, NamedTuple
 
 import numpy as np
@@ -123,6 +124,20 @@ class NSSChain:
         return pack_chain(chain.draft_tokens, num_accepted, token)
 
 
+def ieee_divide(numerator: float, denominator: float) -> float:
+    """``numerator / denominator`` as a float64 tensor divides: ``±inf`` or NaN for a zero
+    denominator (Python raises), the same quotient otherwise.
+
+    >>> ieee_divide(1.0, 4.0), ieee_divide(-1.0, 0.0), ieee_divide(0.0, 0.0) != 0.0
+    (0.25, -inf, True)
+    """
+    if denominator != 0:
+        return numerator / denominator
+    if numerator != numerator or numerator == 0:
+        return math.nan
+    return math.copysign(math.inf, numerator) * math.copysign(1.0, denominator)
+
+
 #: The most rows :meth:`BlockChain.run` verifies on the host (CPU, eager), row by row: a few
 #: Python steps per lane and node against ~150 small tensor ops per call (2026-12-05, 2 cores:
 #: 0.17 against 0.40 ms at one row of 152k tokens, level with the batched route at 8-10 rows
@@ -155,8 +170,9 @@ class BlockChain:
 
     @staticmethod
     def capped_value(scaled: float, draft_x: float) -> float:
-        """:meth:`capped` of one row and lane, on the host (the same float64 rounding)."""
-        return 1.0 if scaled >= draft_x else scaled / draft_x
+        """:meth:`capped` of one row and lane, on the host (the same float64 rounding; a
+        division by zero gives the tensor's IEEE value, never an exception)."""
+        return 1.0 if scaled >= draft_x else ieee_divide(scaled, draft_x)
 
     def acceptance(self, mass: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """``h`` from ``S`` (``mass``, compute dtype) and ``w`` (float64): block's rule, 1 when
@@ -366,7 +382,7 @@ class BlockChain:
     def run(self, chain: ChainRound, noise: Noise) -> Verified:
         """The verdicts: :meth:`host_run` on the CPU outside ``torch.compile`` for up to
         :data:`HOST_RUN_ROWS` rows, else :meth:`batched_run`; the same tokens."""
-        if ops.host_reads_free(chain.target) and chain.target.shape[0] <= HOST_RUN_ROWS:
+        if ops.host_reads_free(chain.target) and 0 < chain.target.shape[0] <= HOST_RUN_ROWS:
             return self.host_run(chain, noise)
         return self.batched_run(chain, noise)
 
@@ -392,8 +408,8 @@ class BlockChain:
             p_x, q_x = values[:gamma], values[gamma : 2 * gamma]
             accept, sample = values[2 * gamma : 3 * gamma + 1], values[3 * gamma + 1 : -1]
             end = int(values[-1])
-            weights = [1.0]
-            for p, q in zip(p_x, q_x, strict=True):
+            weights = [1.0]  # w_0..w_end (padding lanes never read)
+            for p, q in zip(p_x[:end], q_x[:end], strict=True):
                 weights.append(self.capped_value(weights[-1] * p, q))
             tau, mass = (end, None) if end >= 1 and accept[end] < weights[end] else (0, None)
             for node in range(end - 1 if tau == 0 else 0, 0, -1):  # the deciding masses
@@ -403,18 +419,13 @@ class BlockChain:
                 if accept[node] < self.acceptance_value(mass, weights[node]):
                     tau = node
                     break
-            if tau == end:  # the end's own target row
-                residual, use_target = buffer, True
+            u = torch.tensor([sample[tau]], dtype=torch.float64)
+            if tau != end and (tau == 0 or mass is None):  # node 0's residual (else tau's)
+                mass = self.host_residual(chain, buffer, row, tau, weights[tau])
+            if tau == end or not mass > 0:  # the target row itself, as stop_draw selects it
+                token = ops.draw_rows(target[row, tau][None], u)
             else:
-                if tau == 0 or mass is None:  # node 0's residual (the buffer holds tau's else)
-                    mass = self.host_residual(chain, buffer, row, tau, weights[tau])
-                residual, use_target = buffer, not mass > 0
-            token = self.stop_draw(
-                residual,
-                target[row, tau][None],  # [1, V]
-                torch.tensor([use_target]),
-                torch.tensor([sample[tau]], dtype=torch.float64),
-            )
+                token = self.stop_draw(buffer, target[row, tau][None], torch.tensor([False]), u)
             nodes.append(tau)
             drawn.append(int(token[0]))
             emitted.append(drafted[row][:tau] + [drawn[-1]] + [PAD] * (gamma - tau))

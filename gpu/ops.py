@@ -365,7 +365,7 @@ def categorical_blocks_or(
     ...     [0.0, 1.0]]), torch.tensor([False, True]), torch.zeros(2, dtype=torch.float64))
     tensor([0, 1])
     """
-    if _draws_on_host(weights):
+    if _draws_on_host(weights) and _draws_on_host(fallback):
         return _categorical_blocks_host(weights, fallback, use_fallback, u)
     return categorical_blocks_or_batched(weights, fallback, use_fallback, u)
 
@@ -389,7 +389,9 @@ HOST_DRAW_ROWS = 4
 
 
 def _draws_on_host(weights: torch.Tensor) -> bool:
-    """Whether :func:`categorical_blocks` takes its host route for ``weights [N, V]``."""
+    """Whether :func:`categorical_blocks` takes its host route for ``weights [N, V]`` (and
+    :func:`categorical_blocks_or` for its fallback rows too): a few float32/float64 CPU rows
+    outside ``torch.compile`` that numpy can read."""
     return (
         weights.shape[0] <= HOST_DRAW_ROWS
         and weights.dtype in (torch.float32, torch.float64)

@@ -919,6 +919,23 @@ def _one_hot_argmax(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.T
     return zeros.scatter_(-1, top, 1.0)  # [R, V]
 
 
+def _span(tensor: torch.Tensor) -> tuple[int, int]:
+    """The byte range ``[start, end)`` a tensor's elements lie in (any strides)."""
+    if tensor.numel() == 0:
+        return 0, 0
+    low = high = tensor.data_ptr()
+    for size, stride in zip(tensor.shape, tensor.stride(), strict=True):
+        reach = (size - 1) * stride * tensor.element_size()
+        low, high = (low + reach, high) if reach < 0 else (low, high + reach)
+    return low, high + tensor.element_size()
+
+
+def _overlap(first: torch.Tensor, second: torch.Tensor) -> bool:
+    """Whether the byte ranges of two tensors intersect (conservative for interleaved views)."""
+    (a, b), (c, d) = _span(first), _span(second)
+    return a < d and c < b
+
+
 def _check_out(out: Any, logits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``out`` if it can hold :func:`process`'s result for ``logits`` in ``dtype``, else raise
     :class:`ValueError` naming what is wrong."""
@@ -935,7 +952,7 @@ def _check_out(out: Any, logits: torch.Tensor, dtype: torch.dtype) -> torch.Tens
         problems.append("not contiguous")
     if out.requires_grad:
         problems.append("requires grad")
-    if out.numel() and out.untyped_storage().data_ptr() == logits.untyped_storage().data_ptr():
+    if out.device == logits.device and _overlap(out, logits):
         problems.append("shares memory with logits")
     if problems:
         raise ValueError("out: " + "; ".join(problems))

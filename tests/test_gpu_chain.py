@@ -1111,3 +1111,121 @@ def test_standard_host_run_equals_the_batched_run(dtype: torch.dtype) -> None:
                 assert host[1].tolist() == [rounds == 1]
             checked += 1
     assert checked == 84
+
+
+# --------------------------------------------------------------------------- review regressions
+def test_host_routes_read_strided_tables_as_contiguous_ones() -> None:
+    """Column-strided float32 tables (a valid input): a row's block sums depend on its layout, so
+    the host route reads contiguous rows, as the batched route's gathers: the same token as the
+    contiguous tables and as the batched route (a strided row once drew another)."""
+    checked = 0
+    for seed in range(60):
+        generator = torch.Generator().manual_seed(seed)
+        target = torch.rand(1, 2, 300, generator=generator) ** 4
+        target /= target.sum(-1, keepdim=True)
+        wide = torch.zeros(1, 2, 600)
+        wide[..., ::2] = target
+        strided = wide[..., ::2]  # the same values, column stride 2
+        tokens = torch.tensor([[int(target[0, 0].argmax())]])
+        noise = ssg.Noise(
+            torch.zeros(1, 2, dtype=torch.float64),
+            torch.full((1, 2), LARGEST_BELOW_ONE, dtype=torch.float64),
+        )
+        contiguous = ssg.verify_chain("standard", tokens, target, None, noise).token
+        assert torch.equal(
+            ssg.verify_chain("standard", tokens, strided, None, noise).token, contiguous
+        )
+        for engine, draft in ((C.STANDARD_CHAIN, None), (C.GREEDY_CHAIN, strided[:, :1])):
+            tables = C.padded_tables(tokens, torch.tensor([1]), strided, draft)
+            host, batched = engine.host_run(tables, noise)[0], engine.batched_run(tables, noise)[0]
+            assert torch.equal(host.tokens, batched.tokens)
+        checked += 1
+    assert checked == 60
+
+
+def test_padding_lanes_with_junk_are_never_read() -> None:
+    """Lanes past a row's drafts may hold anything (validation reads only real rows): NaN target
+    rows and zero draft rows there give every chain scheme the same verdict on one row (host
+    routes) as on twenty (batched), never a division error."""
+    target = torch.full((1, 4, 5), 0.2, dtype=torch.float64)
+    draft = torch.full((1, 3, 5), 0.2, dtype=torch.float64)
+    target[0, 2:] = float("nan")
+    draft[0, 1:] = 0.0
+    tokens = torch.tensor([[2, -1, -1]])
+    half = torch.full((1, 4), 0.5, dtype=torch.float64)
+    for name in chain_schemes():
+        verdicts = []
+        for size in (1, 20):
+            noise = ssg.Noise(half.repeat(size, 1), half.repeat(size, 1))
+            out = ssg.verify_chain(
+                name,
+                tokens.repeat(size, 1),
+                target.repeat(size, 1, 1),
+                draft.repeat(size, 1, 1),
+                noise,
+            )
+            verdicts.append(out.tokens[0].tolist())
+        assert verdicts[0] == verdicts[1] and verdicts[0][2:] == [-1, -1], (name, verdicts)
+
+
+def test_zero_rows_give_empty_verdicts() -> None:
+    for name in chain_schemes():
+        for draft in (torch.zeros(0, 3, 5), None):
+            out = ssg.verify_chain(
+                name, torch.zeros(0, 3, dtype=torch.long), torch.zeros(0, 4, 5), draft
+            )
+            shapes = [tuple(t.shape) for t in out]
+            assert shapes == [(0,), (0,), (0, 4), (0,)], (name, shapes)
+            assert all(t.dtype == torch.long for t in out), name
+
+
+def test_block_host_route_draws_the_end_from_its_target_alone() -> None:
+    """When tau is the chain's end the host route draws from the target row directly (no stop
+    buffer, whose unwritten memory float64 would otherwise normalise): no floating-point
+    warning, the batched route's token."""
+    import warnings
+
+    generator = torch.Generator().manual_seed(0)
+    target = torch.softmax(torch.randn(1, 3, 300, generator=generator, dtype=torch.float64), -1)
+    draft = target[:, :2].clone()  # q = p: every draft accepted, tau = the end
+    tokens = torch.tensor([[int(target[0, 0].argmax()), int(target[0, 1].argmax())]])
+    noise = ssg.Noise(
+        torch.zeros(1, 3, dtype=torch.float64), torch.full((1, 3), 0.4, dtype=torch.float64)
+    )
+    chain = C.chain_round(tokens, torch.tensor([2]), target, draft, torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        host = R.BLOCK_CHAIN.host_run(chain, noise)
+    assert int(host.node[0]) == 2
+    assert torch.equal(host.tokens, R.BLOCK_CHAIN.batched_run(chain, noise).tokens)
+
+
+def test_standard_host_route_reads_the_tables_draft_mass() -> None:
+    """ChainTables may carry ``draft_mass`` (the rule reads q / mass): the host route's residual
+    divides by it as the batched route does."""
+    for seed in range(40):
+        generator = torch.Generator().manual_seed(seed)
+        tables, noise = random_tables(generator, 2, torch.float64, False, 0.0)
+        assert tables.draft_flat is not None
+        mass = 1.0 + torch.rand(
+            tables.draft_flat.shape[0], generator=generator, dtype=torch.float64
+        )
+        tables = tables._replace(draft_mass=mass)
+        for rounds in (None, 1):
+            host = C.STANDARD_CHAIN.host_run(tables, noise, rounds)
+            batched = C.STANDARD_CHAIN.batched_run(tables, noise, rounds)
+            assert torch.equal(host[0].tokens, batched[0].tokens), seed
+            assert torch.equal(host[1], batched[1]), seed
+
+
+def test_host_draws_decline_tables_numpy_cannot_read() -> None:
+    """A bf16 fallback or one that requires grad takes the batched route (numpy reads neither):
+    the same token as it, no error."""
+    ops = ssg.ops
+    weights = torch.rand(1, 300, generator=torch.Generator().manual_seed(1))
+    u = torch.tensor([0.3], dtype=torch.float64)
+    use = torch.tensor([True])
+    for fallback in (weights.to(torch.bfloat16), weights.clone().requires_grad_()):
+        assert not ops._draws_on_host(fallback)
+        expected = ops.categorical_blocks_or_batched(weights, fallback, use, u)
+        assert torch.equal(ops.categorical_blocks_or(weights, fallback, use, u), expected)

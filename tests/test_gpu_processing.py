@@ -529,3 +529,20 @@ def test_bad_out_is_named() -> None:
         ValueError, match=r"out: dtype torch.float32 \(the result's: torch.float64\)"
     ):
         process(logits.double(), out=torch.zeros(2, 5))
+
+
+def test_out_overlap_is_judged_by_the_bytes_used() -> None:
+    """Two halves of one buffer may be logits and ``out``; views that overlap are refused, also
+    when they come from different tensors over one numpy array."""
+    buffer = torch.zeros(2, 10)
+    logits, out = buffer[0:1], buffer[1:2]
+    logits.normal_(generator=torch.Generator().manual_seed(0))
+    assert process(logits, out=out) is out
+    assert torch.equal(out, process(logits))
+    array = np.zeros(30, dtype=np.float32)
+    first, second = (
+        torch.from_numpy(array[:20]).view(2, 10),
+        torch.from_numpy(array[10:]).view(2, 10),
+    )
+    with pytest.raises(ValueError, match="out: shares memory with logits"):
+        process(first, out=second)
