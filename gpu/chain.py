@@ -71,13 +71,7 @@ from specsampling.tree import DrawLaw
 
 from . import ops
 from .api import TOLERANCE, check_tolerance, raise_row_defect
-from .chain_rules import (
-    BLOCK_CHAIN,
-    NSS_CHAIN,
-    TRAVERSAL_CHAIN,
-    ChainRound,
-    draw_rows,
-)
+from .chain_rules import BLOCK_CHAIN, NSS_CHAIN, TRAVERSAL_CHAIN, ChainRound, host_verdicts
 from .noise import Noise, check_generator
 from .schemes import tree_lowering
 from .schemes.base import HostPlanned, TreeLowering, Verified
@@ -227,9 +221,18 @@ def stop_distribution(
     return torch.where(bonus[:, None] | ~has_mass, target, normalised)  # [B, V]
 
 
+class GreedyLane(NamedTuple):
+    """One lane's values on :class:`GreedyChain`'s host route."""
+
+    mass: torch.Tensor  # [1]: the draft row's mass, as :meth:`GreedyChain.sparse_lanes`
+    draft_x: float  # q'(x) in float64
+    covers: bool  # x holds all of q
+    drawn: int  # the NSS draw y ~ p where it covers, else PAD
+
+
 class HostChain(NamedTuple):
     """A chain round's small values as host lists (:meth:`StandardChain.host_read`), and
-    ``lanes``: what :class:`GreedyChain` has computed per ``(row, lane)`` so far."""
+    ``lanes``: what :class:`GreedyChain` has formed per ``(row, lane)`` so far."""
 
     drafted: list[list[int]]  # [B][γ]
     ends: list[int]  # [B]
@@ -239,7 +242,7 @@ class HostChain(NamedTuple):
     draft_index: list[list[int]] | None  # [B][γ]
     bonus: list[int] | None  # [B]
     gathered: list[list[list[float]]]  # [B][2][γ]: p_i(x_i), q_i(x_i) in float64
-    lanes: dict[tuple[int, int], Any]
+    lanes: dict[tuple[int, int], GreedyLane]  # greedy's lanes formed so far
 
 
 #: The most rows :class:`StandardChain` and :class:`GreedyChain` verify on the host (CPU,
@@ -401,7 +404,7 @@ class StandardChain:
         batch_size, gamma = tables.draft_tokens.shape
         host = self.host_read(tables, noise)
         total = max(gamma + 1 if rounds is None else rounds, 1)
-        nodes, drawn, hits, emitted = [], [], [], []
+        nodes, drawn, hits = [], [], []
         for row in range(batch_size):
             end, start = host.ends[row], 0
             for index in range(total):
@@ -415,15 +418,8 @@ class StandardChain:
             nodes.append(accepted)
             drawn.append(token)
             hits.append(hit)
-            emitted.append(host.drafted[row][:accepted] + [token] + [PAD] * (gamma - accepted))
         device = tables.draft_tokens.device
-        node = torch.tensor(nodes, dtype=torch.long, device=device)  # [B]
-        verified = Verified(
-            node,
-            torch.tensor(drawn, dtype=torch.long, device=device),  # [B]
-            torch.tensor(emitted, dtype=torch.long, device=device),  # [B, γ + 1]
-            node + 1,
-        )
+        verified = host_verdicts(nodes, drawn, host.drafted, device)
         return verified, torch.tensor(hits, dtype=torch.bool, device=device)
 
     def host_read(self, tables: ChainTables, noise: Noise) -> HostChain:
@@ -577,7 +573,7 @@ class GreedyChain(StandardChain):
             rows = lanes + lanes // gamma  # [N]: lane i of row b is target row b (γ + 1) + i
             target = tables.target_flat.index_select(0, rows).to(tables.dtype)  # [N, V]
             sample = noise.sample[:, :gamma].reshape(-1)[lanes]  # [N]
-            drawn[lanes] = draw_rows(target, sample)
+            drawn[lanes] = ops.draw_rows(target, sample)
         own = tables._replace(draft_mass=mass)
         return own, covers.view(batch_size, gamma), drawn.view(batch_size, gamma)
 
@@ -586,7 +582,7 @@ class GreedyChain(StandardChain):
         lane, from every target row at once."""
         batch_size, gamma = tables.draft_tokens.shape
         target = tables.target_flat.to(tables.dtype)  # [B (γ + 1), V], lane order
-        drawn = draw_rows(target, noise.sample.reshape(-1)).view(batch_size, gamma + 1)
+        drawn = ops.draw_rows(target, noise.sample.reshape(-1)).view(batch_size, gamma + 1)
         return drawn[:, :gamma]  # [B, γ]
 
     def covering_lanes(self, tables: ChainTables) -> tuple[ChainTables, torch.Tensor]:
@@ -663,11 +659,10 @@ class GreedyChain(StandardChain):
                 at = host.target_index[row][lane]
                 target = tables.target_flat[at : at + 1].to(tables.dtype).contiguous()  # [1, V]
                 u = torch.tensor([host.sample[row][lane]], dtype=torch.float64)
-                drawn = int(draw_rows(target, u)[0])
+                drawn = int(ops.draw_rows(target, u)[0])
             draft_x = float((drafted / mass).to(torch.float64)[0])  # q'(x), as drafted_mass
             host.lanes[key] = GreedyLane(mass, draft_x, covers, drawn)
-        lane_values: GreedyLane = host.lanes[key]
-        return lane_values
+        return host.lanes[key]
 
     def host_passes(self, tables: ChainTables, host: HostChain, row: int, lane: int) -> bool:
         """NSS's test where the lane covers, else the standard test with :math:`q'`."""
@@ -681,9 +676,8 @@ class GreedyChain(StandardChain):
     ) -> torch.Tensor:
         r""":math:`q' = q / \sum q` at ``lane`` in ``out [1, V]``."""
         values = self.host_lane(tables, host, row, lane)
-        assert tables.draft_flat is not None and host.draft_index is not None
-        flat = host.draft_index[row][lane]  # the raw row: q' replaces any draft_mass given
-        draft = tables.draft_flat[flat : flat + 1].to(tables.dtype)  # [1, V]
+        raw = tables._replace(draft_mass=None)  # q' replaces any draft_mass given
+        draft = super().host_draft(raw, host, row, lane, out)  # [1, V], the table's row
         return torch.div(draft, values.mass[:, None], out=out)
 
     def host_stop(
@@ -695,15 +689,6 @@ class GreedyChain(StandardChain):
             if values.covers:
                 return values.drawn, False
         return super().host_stop(tables, host, row, accepted)
-
-
-class GreedyLane(NamedTuple):
-    """One lane's values on :class:`GreedyChain`'s host route."""
-
-    mass: torch.Tensor  # [1]: the draft row's mass, as :meth:`GreedyChain.sparse_lanes`
-    draft_x: float  # q'(x) in float64
-    covers: bool  # x holds all of q
-    drawn: int  # the NSS draw y ~ p where it covers, else PAD
 
 
 #: The engine :func:`verify_chain` uses for ``greedy`` with draft tables.

@@ -85,16 +85,31 @@ def pack_chain(
     return Verified(num_accepted, token, tokens, num_accepted + 1)
 
 
+def host_verdicts(
+    nodes: list[int], drawn: list[int], drafted: list[list[int]], device: torch.device
+) -> Verified:
+    """:func:`pack_chain` of the host routes (at least one row): per row the accepted drafts
+    (``nodes`` of ``drafted [B][γ]``), then its ``drawn`` token, ``PAD`` after."""
+    gamma = len(drafted[0])
+    rows = [
+        tokens[:n] + [token] + [PAD] * (gamma - n)
+        for tokens, n, token in zip(drafted, nodes, drawn, strict=True)
+    ]
+    node = torch.tensor(nodes, dtype=torch.long, device=device)  # [B]
+    return Verified(
+        node,
+        torch.tensor(drawn, dtype=torch.long, device=device),  # [B]
+        torch.tensor(rows, dtype=torch.long, device=device),  # [B, γ + 1]
+        node + 1,
+    )
+
+
 def take_rows(table: torch.Tensor, lane: torch.Tensor) -> torch.Tensor:
     """``table[b, lane[b]]`` of a contiguous ``table [B, L, V]``, ``[B, V]``, by one
     ``index_select`` (on CPU several times faster than advanced indexing)."""
     batch_size, lanes, vocab = table.shape
     rows = torch.arange(batch_size, device=lane.device) * lanes + lane  # [B]
     return table.view(batch_size * lanes, vocab).index_select(0, rows)  # [B, V]
-
-
-#: :func:`specsampling.gpu.ops.draw_rows`, under the name the chain engines import.
-draw_rows = ops.draw_rows
 
 
 class NSSChain:
@@ -108,7 +123,7 @@ class NSSChain:
         target = chain.target  # [B, γ + 1, V]
         batch_size, nodes, vocab = target.shape
         if target.dtype == torch.float64:
-            return torch.stack([draw_rows(target[:, i], sample[:, i]) for i in range(nodes)], 1)
+            return torch.stack([ops.draw_rows(target[:, i], sample[:, i]) for i in range(nodes)], 1)
         flat = target.reshape(batch_size * nodes, vocab)  # [B (γ + 1), V], a view if contiguous
         return ops.categorical_blocks(flat, sample.reshape(-1)).view(batch_size, nodes)
 
@@ -403,7 +418,7 @@ class BlockChain:
         drafted = chain.draft_tokens.tolist()  # [B][γ]
         margin = 1 + self.fail_margin(target.dtype, vocab)
         buffer = target.new_empty((1, vocab))  # [1, V], reused
-        nodes, drawn, emitted = [], [], []
+        nodes, drawn = [], []
         for row, values in enumerate(read):
             p_x, q_x = values[:gamma], values[gamma : 2 * gamma]
             accept, sample = values[2 * gamma : 3 * gamma + 1], values[3 * gamma + 1 : -1]
@@ -428,15 +443,7 @@ class BlockChain:
                 token = self.stop_draw(buffer, target[row, tau][None], torch.tensor([False]), u)
             nodes.append(tau)
             drawn.append(int(token[0]))
-            emitted.append(drafted[row][:tau] + [drawn[-1]] + [PAD] * (gamma - tau))
-        device = target.device
-        node = torch.tensor(nodes, device=device)  # [B]
-        return Verified(
-            node,
-            torch.tensor(drawn, device=device),
-            torch.tensor(emitted, device=device),  # [B, γ + 1]
-            node + 1,
-        )
+        return host_verdicts(nodes, drawn, drafted, target.device)
 
     def host_residual(
         self, chain: ChainRound, out: torch.Tensor, row: int, node: int, weight: float
@@ -508,7 +515,6 @@ __all__ = [
     "ChainRound",
     "NSSChain",
     "TraversalChain",
-    "draw_rows",
     "pack_chain",
     "take_rows",
 ]

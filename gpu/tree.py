@@ -98,8 +98,7 @@ class TreeBatch:
         object.__setattr__(self, "laws", laws)
         if self.guesses is None and DrawLaw.GRAFTED in laws:
             raise ValueError("TreeBatch: rows of law 'grafted' need their guesses ([B, N])")
-        # The guesses' values are checked by verify(..., validate=True) (guesses_valid), in its
-        # one host read: construction and .to(device) never synchronise.
+        # (the guesses' values: verify(..., validate=True), guesses_valid, in its one host read)
         # Host metadata, computed once here (never inside a verify call), in one host read.
         if not self.chains or self.max_depth < 0 or not self.level_slots:
             counts = (self.candidates != PAD).sum(-1)  # [B, N]
