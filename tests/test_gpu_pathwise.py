@@ -237,6 +237,7 @@ def test_the_walk_never_synchronises() -> None:
         spectr.gamma,
         spectr.rejection,
         spectr.optimal_rho,
+        spectr.bisection_rho,
         spectr.residual,
         spectr.normalised_or_target,
         resispec.top_mask,

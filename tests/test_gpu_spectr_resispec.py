@@ -212,6 +212,7 @@ def test_policy_methods_never_synchronise() -> None:
     (``Optimised.node_parameters`` is the documented host step, outside the walk's hot path)."""
     functions: list[Any] = [
         lowered_spectr.optimal_rho,
+        lowered_spectr.bisection_rho,
         lowered_spectr.gamma,
         lowered_spectr.rejection,
         lowered_spectr.residual,
@@ -351,8 +352,10 @@ def test_capped_bisection_is_the_full_bisection_bit_for_bit(dtype: torch.dtype) 
         target, draft = random_rows(generator, dtype, vocab_size)
         for k in (1, 2, 3, 4, 6, 9):
             counts = torch.randint(0, k + 1, (128,), generator=generator)
-            got = lowered_spectr.optimal_rho(target, draft, counts, k)
+            got = lowered_spectr.bisection_rho(target, draft, counts, k)
             assert torch.equal(got, full_bisection(target, draft, counts, k)), (vocab_size, k)
+            if dtype == torch.float64:  # every route: the reference's bisection bit for bit
+                assert torch.equal(lowered_spectr.optimal_rho(target, draft, counts, k), got)
 
 
 def test_a_bisection_cut_too_short_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -361,8 +364,101 @@ def test_a_bisection_cut_too_short_is_caught(monkeypatch: pytest.MonkeyPatch) ->
     generator = torch.Generator().manual_seed(3)
     target, draft = random_rows(generator, torch.float32, 40)
     counts = torch.full((128,), 3)
-    got = lowered_spectr.optimal_rho(target, draft, counts, 3)
+    got = lowered_spectr.bisection_rho(target, draft, counts, 3)
     assert not torch.equal(got, full_bisection(target, draft, counts, 3))
+
+
+def float32_feasible(target, draft, counts, k, rho) -> torch.Tensor:
+    """The lowering's own float32 test, ``gamma(rejection(rho)) <= rho``, per row."""
+    counts = counts.clamp_min(1)
+    return lowered_spectr.gamma(lowered_spectr.rejection(target, draft, rho), counts, k) <= rho
+
+
+def correlated_rows(generator: torch.Generator, rows: int, vocab_size: int, scale: float = 3.0):
+    """float32 rows of a correlated pair (target logits ``scale`` N(0, 1), the draft's the same
+    plus N(0, 1)) and their float64 originals."""
+    logits = scale * torch.randn(rows, vocab_size, generator=generator, dtype=torch.float64)
+    noise = torch.randn(rows, vocab_size, generator=generator, dtype=torch.float64)
+    target64, draft64 = logits.softmax(-1), (logits + noise).softmax(-1)
+    return target64.float(), draft64.float(), target64.float().double(), draft64.float().double()
+
+
+def test_newton_rho_is_the_cpu_float32_route(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``optimal_rho`` takes the Newton search on CPU float32 tables and nowhere else: not in
+    float64 (the reference's bisection bit for bit), not where host reads are not free."""
+    calls: list[int] = []
+    original = lowered_spectr.newton_rho
+
+    def counted(*args: Any) -> torch.Tensor:
+        calls.append(args[0].shape[0])
+        return original(*args)
+
+    monkeypatch.setattr(lowered_spectr, "newton_rho", counted)
+    generator = torch.Generator().manual_seed(11)
+    target, draft, target64, draft64 = correlated_rows(generator, 16, 300)
+    counts = torch.full((16,), 3)
+    lowered_spectr.optimal_rho(target, draft, counts, 3)
+    assert calls == [16]
+    lowered_spectr.optimal_rho(target64, draft64, counts, 3)
+    lowered_spectr.optimal_rho(target, draft, torch.ones(16, dtype=torch.long), 1)  # no pass
+    monkeypatch.setattr(ssg.ops, "host_reads_free", lambda tensor: False)
+    bisected = lowered_spectr.optimal_rho(target, draft, counts, 3)
+    assert calls == [16]
+    assert torch.equal(bisected, lowered_spectr.bisection_rho(target, draft, counts, 3))
+
+
+def test_newton_rho_is_feasible_and_optimal_to_float32_rounding() -> None:
+    """Every row's rho passes the same float32 test the bisection uses (so the residual keeps
+    its sign), lies in ``[1, k]``, is 1 exactly where the bisection settles at 1, and on
+    correlated pairs is the float64 rho* to within ``2^-17`` relative (measured: ``2^-22`` to
+    ``2^-18.3``, the float32 bisection's own distance ``2^-23.5`` to ``2^-18.3``: float32 sums
+    of up to ``k`` powers)."""
+    generator = torch.Generator().manual_seed(12)
+    for vocab_size in (3, 40, 700):
+        target, draft = random_rows(generator, torch.float32, vocab_size)
+        for k in (1, 2, 3, 4, 6, 9):
+            counts = torch.randint(0, k + 1, (128,), generator=generator)
+            got = lowered_spectr.optimal_rho(target, draft, counts, k)
+            bisected = lowered_spectr.bisection_rho(target, draft, counts, k)
+            assert torch.equal(got == 1, bisected == 1), (vocab_size, k)
+            tops = counts.clamp_min(1).float()
+            assert bool(((got >= 1) & (got <= tops)).all())
+            ok = float32_feasible(target, draft, counts, k, got) | (got == tops) | (got == 1)
+            assert bool(ok.all()), (vocab_size, k)
+    for vocab_size, k, scale in ((5000, 2, 3.0), (5000, 4, 3.0), (5000, 8, 3.0), (2000, 4, 0.3)):
+        target, draft, target64, draft64 = correlated_rows(generator, 64, vocab_size, scale)
+        counts = torch.full((64,), k)
+        got = lowered_spectr.optimal_rho(target, draft, counts, k).double()
+        exact = lowered_spectr.optimal_rho(target64, draft64, counts, k)
+        assert bool(((got - exact).abs() <= 2.0**-17 * exact).all()), (vocab_size, k)
+        assert bool((got > 1).all())  # the case has teeth: every row searches
+
+
+def test_newton_rho_stopped_early_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mutants: a bracket of ``2^-8`` misses the optimum; returning the infeasible end of the
+    bracket instead of the feasible one breaks the sign of the residual."""
+    generator = torch.Generator().manual_seed(13)
+    target, draft, target64, draft64 = correlated_rows(generator, 64, 3000)
+    counts = torch.full((64,), 4)
+    exact = lowered_spectr.optimal_rho(target64, draft64, counts, 4)
+    monkeypatch.setattr(lowered_spectr, "NEWTON_WIDTH", 2.0**-8)
+    coarse = lowered_spectr.optimal_rho(target, draft, counts, 4).double()
+    assert not bool(((coarse - exact).abs() <= 2.0**-17 * exact).all())
+    monkeypatch.undo()
+    finished = lambda self: np.ones_like(self.low, dtype=bool)  # noqa: E731
+    monkeypatch.setattr(lowered_spectr._NewtonState, "done", finished)
+    unsearched = lowered_spectr.optimal_rho(target, draft, counts, 4)
+    assert not bool(((unsearched.double() - exact).abs() <= 2.0**-17 * exact).all())
+    monkeypatch.undo()
+    original = lowered_spectr._NewtonState.update
+
+    def keep_low(self: Any, *args: Any) -> None:
+        original(self, *args)
+        self.high = np.where(self.low > 1, self.low, self.high)  # the infeasible end
+
+    monkeypatch.setattr(lowered_spectr._NewtonState, "update", keep_low)
+    low = lowered_spectr.optimal_rho(target, draft, counts, 4)
+    assert not bool(float32_feasible(target, draft, counts, 4, low).all())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
