@@ -184,14 +184,11 @@ def bisection_rho(
 NEWTON_WIDTH = 2.0**-21
 
 
-def rejection_and_slope(
-    target: torch.Tensor, draft: torch.Tensor, rho: torch.Tensor, work: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    r""":func:`rejection` (the same value) and :math:`\sum_{x: q(x) > p(x)/\rho} p(x)`, the
-    slope of :math:`\beta` in :math:`t = 1/\rho` at :math:`\rho` (``[B]`` each), from one buffer:
-    the clipped terms, then their signs dotted with ``target``."""
-    rejected = rejection(target, draft, rho, work)  # [B]; work holds the clipped terms
-    return rejected, work.sign_().mul_(target).sum(-1)  # [B] each
+def beta_slope(terms: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    r""":math:`\sum_{x: q(x) > p(x)/\rho} p(x)`, the slope of :math:`\beta` in :math:`t = 1/\rho`
+    at :math:`\rho`, from :func:`rejection`'s clipped terms (``work``, overwritten): their signs
+    dotted with ``target`` (``[B]``)."""
+    return terms.sign_().mul_(target).sum(-1)  # [B]
 
 
 def newton_rho(
@@ -209,8 +206,9 @@ def newton_rho(
     piecewise linear with :math:`\beta(0) = 0`. :math:`F` is nondecreasing (with
     :math:`t\beta'(t) \le \beta(t)` and :math:`\gamma(r) - (1 - r)\gamma'(r) = k r^{k-1} \ge 0`,
     :math:`F' \ge 0`), so the feasible set is :math:`\rho \ge \rho^*` and any bracketing
-    method finds the bisection's root. Each pass gives :math:`1 - \beta` and its exact slope
-    :math:`\sum_{q > p/\rho} p` (:func:`rejection_and_slope`); Newton steps from the feasible end
+    method finds the bisection's root. Each pass gives :math:`1 - \beta` and, where Newton will
+    step from that point, its exact slope :math:`\sum_{q > p/\rho} p` (:func:`beta_slope`, from
+    the same buffer); Newton steps from the feasible end
     ``high`` (from :math:`\rho = 1` until one is found) fall inside the bracket, else the step is
     a bisection; once Newton has converged onto ``high`` it probes just below it (``width / 2``,
     four times farther each time it lands feasible again, the float32 test being flat at ties),
@@ -232,8 +230,9 @@ def newton_rho(
     high = k.astype(np.float64)  # [B]: k is feasible (gamma <= k for any rejection mass)
     low = np.ones_like(high)  # [B]
     ones = torch.ones(target.shape[0], dtype=target.dtype)  # [B]
-    rejected, slope = rejection_and_slope(target, draft, ones, work)
+    rejected = rejection(target, draft, ones, work)  # [B]; work holds the terms
     feasible = (gamma(rejected, counts, max_count) <= ones).numpy()  # [B]
+    slope = beta_slope(work, target)  # [B]
     searching = overlap.numpy() & ~feasible & (k > 1)  # [B]
     result = np.where(searching, high, 1.0)  # [B]
     rows = np.arange(len(k))  # the rows in the passes: all, until few are still searching
@@ -251,9 +250,11 @@ def newton_rho(
             work = work[: len(keep)]
         point = state.proposal()  # [R] float32 values, as float64
         rho = torch.from_numpy(point.astype(np.float32))  # [R]
-        rejected, slope = rejection_and_slope(target, draft, rho, work)
+        rejected = rejection(target, draft, rho, work)  # [R]; work holds the terms
         feasible = (gamma(rejected, counts, max_count) <= rho).numpy()  # [R]
-        state.update(point, feasible, rejected.double().numpy(), slope.double().numpy())
+        steps = state.restarts(point, feasible)  # [R]: Newton steps on from these points
+        slopes = beta_slope(work, target).double().numpy() if steps.any() else state.slope
+        state.update(point, feasible, rejected.double().numpy(), slopes)
         result[rows] = state.high
     return torch.from_numpy(result.astype(np.float32))  # [B]
 
@@ -309,16 +310,22 @@ class _NewtonState:
         inside = (step > low) & (step < high) & ~self.done()
         return np.where(inside, step, high)
 
+    def restarts(self, point: np.ndarray, feasible: np.ndarray) -> np.ndarray:
+        """Rows whose Newton steps go on from ``point``: a new ``high``, or any new point while
+        no feasible one is known (only those need the slope there)."""
+        moved = (point > self.low) & (point < self.high)
+        return moved & (feasible | ~self.found)
+
     def update(
         self, point: np.ndarray, feasible: np.ndarray, rejected: np.ndarray, slope: np.ndarray
     ) -> None:
         """Narrow each bracket by the test at ``point``; Newton steps on from a new ``high``
         (or from any point while no feasible one is known)."""
+        restart = self.restarts(point, feasible)
         moved = (point > self.low) & (point < self.high)
         lower = moved & feasible
         self.low = np.where(moved & ~feasible, point, self.low)
         self.high = np.where(lower, point, self.high)
-        restart = lower | (moved & ~self.found)
         self.found = self.found | lower
         self.point = np.where(restart, point, self.point)
         self.rejected = np.where(restart, rejected, self.rejected)
@@ -346,15 +353,24 @@ def residual(
     r"""K-SEQ's residual :math:`\mathrm{norm}((p - \gamma\min(p/\rho, q))_+)` per row, ``[B, V]``;
     :math:`\gamma = 0` on disjoint supports, :math:`p` where the weights have zero mass.
 
-    One ``[B, V]`` buffer is written in place from the capped row to the result (the same
-    operations and roundings as the out-of-place formula): fresh temporaries of this size cost a
-    page fault per 4 KiB wherever the allocator has returned freed ones to the system, which on
-    the CPU measured several times this function's arithmetic.
+    In float64 the reference's operations and roundings. Below float64 (agreement up to float32
+    rounding) the same weights as :math:`\max(p\,(1 - \gamma/\rho)_+,\ p - \gamma q)`, which
+    equals :math:`(p - \gamma\min(p/\rho, q))_+` for :math:`p \ge 0` and is :math:`p` on
+    disjoint supports whatever :math:`\gamma` (no overlap pass, no clip): three passes fewer.
+    One ``[B, V]`` buffer is written in place from the rejection terms to the result: fresh
+    temporaries of this size cost a page fault per 4 KiB wherever the allocator has returned
+    freed ones to the system, which on the CPU measured several times this function's
+    arithmetic.
     """
-    weights = torch.div(target, rho[:, None])  # [B, V]: p / rho, then min(p / rho, q) in place
+    weights = torch.empty_like(draft)  # [B, V]: the rejection terms, then the weights
+    scale = gamma(rejection(target, draft, rho, weights), counts, max_count)  # [B]
+    if target.dtype != torch.float64:  # static: the float32 formula
+        floor = torch.mul(target, (1 - scale / rho).clamp_min(0)[:, None])  # [B, V]
+        torch.addcmul(target, draft, scale[:, None], value=-1, out=weights)  # p - gamma q
+        return _normalise_in_place(torch.maximum(weights, floor, out=weights), target)
+    torch.div(target, rho[:, None], out=weights)  # p / rho, then min(p / rho, q) in place
     torch.minimum(weights, draft, out=weights)
-    overlap = weights.sum(-1) > 0  # [B]
-    scale = torch.where(overlap, gamma(rejection(target, draft, rho), counts, max_count), 0.0)
+    scale = torch.where(weights.sum(-1) > 0, scale, 0.0)  # [B]: 0 on disjoint supports
     torch.sub(target, weights.mul_(scale[:, None]), out=weights).clamp_min_(0)  # [B, V]
     return _normalise_in_place(weights, target)
 
