@@ -82,11 +82,25 @@ def test_pathwise_mixed_batches(name: str, vocab: int, pair_seed: int) -> None:
 @pytest.mark.parametrize("name", LOWERED)
 def test_pathwise_when_every_row_walks_every_depth(name: str, monkeypatch) -> None:
     """The accelerators' route of the node walk (every row decided at every depth, stopped
-    rows keeping their verdict) gives the reference's verdicts too; the CPU route, which
-    decides only for the rows still walking, is what the other path-wise tests run."""
+    rows keeping their verdict, every level's rule run and its leaves' bonus rows selected)
+    gives the reference's verdicts too; the CPU route, which decides only for the rows still
+    walking and skips what a level without leaves or of leaves only does not need, is what the
+    other path-wise tests run."""
     monkeypatch.setattr(ssg.schemes.base.NodeLowering, "walking_rows", lambda self, d, r: r)
+    monkeypatch.setattr(
+        ssg.schemes.base.NodeLowering, "leaf_rows", lambda self, leaf: (True, False)
+    )
     pair = ss.pairs.Random(3, seed=1)
     assert mismatches(name, mixed_rounds(name, pair, 1)) == []
+
+
+@pytest.mark.parametrize("wrong", [(False, False), (True, True)])
+def test_a_walk_misjudging_its_leaves_is_caught(wrong: tuple[bool, bool], monkeypatch) -> None:
+    """Mutants of the CPU walk's leaf read: never selecting the bonus rows (leaves stop with
+    the rule's residual), or treating every level as leaves (no rule runs)."""
+    monkeypatch.setattr(ssg.schemes.base.NodeLowering, "leaf_rows", lambda self, leaf: wrong)
+    pair = ss.pairs.Random(3, seed=1)
+    assert mismatches("standard", mixed_rounds("standard", pair, 1)) != []
 
 
 @pytest.mark.cuda
@@ -363,14 +377,16 @@ class SlotCounting(SpecInfer):
 
 def test_the_walk_loops_over_the_slots_of_each_level_only() -> None:
     """On merged branching trees (up to 8 candidates at depth 2, two at the root, none at the
-    leaves) each walk step sees the slots its level can hold, the verdicts stay the reference's,
-    and a batch whose level bounds are too small loses them (the bound is what keeps it exact)."""
+    leaves) each walk step sees the slots its level can hold (on the CPU the level of leaves
+    runs no rule at all), the verdicts stay the reference's, and a batch whose level bounds are
+    too small loses them (the bound is what keeps it exact)."""
     shape = ss.Shape.branching((2, 2, 2), replacement=True)
     rounds, batch, target, draft, noise = drafted_batch(shape, ss.pairs.Random(8, seed=2), 3, 24)
     assert batch.candidates.shape[-1] > max(batch.level_slots[:1] + batch.level_slots[-1:])
     counting = SlotCounting()
     out = ssg.verify(counting, batch, target, draft, noise)
-    assert counting.widths == [max(1, w) for w in batch.level_slots]
+    assert batch.level_slots[-1] == 0
+    assert counting.widths == [w for w in batch.level_slots if w > 0]
     expected = [ss.SCHEMES["specinfer"].verify(t, p, q, n) for t, p, q, n in rounds]
     assert list(zip(out.node.tolist(), out.token.tolist(), strict=True)) == expected
     narrow = dataclasses.replace(batch, level_slots=(1,) * len(batch.level_slots))

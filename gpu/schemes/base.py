@@ -270,6 +270,16 @@ class NodeLowering(TreeLowering):
             return rows[~done]
         return rows
 
+    def leaf_rows(self, leaf: torch.Tensor) -> tuple[bool, bool]:
+        """``(some, all)``: whether some / every row of a walk step is at a leaf (``leaf [L]``).
+        On the CPU outside ``torch.compile`` a host read (free there), so a level without leaves
+        gathers no bonus rows and a level of leaves runs no rule; elsewhere ``(True, False)``,
+        sync-free: both computed and selected per row (the same verdicts)."""
+        if ops.host_reads_free(leaf):
+            leaves = int(leaf.sum())
+            return leaves > 0, leaves == leaf.shape[0]
+        return True, False
+
     def level_candidates(self, batch: TreeBatch, depth: int) -> torch.Tensor:
         """The candidate table the walk reads at ``depth``, ``[B, N, C_depth]``: only the slots
         a node at that depth can hold (:attr:`TreeBatch.level_slots
@@ -296,7 +306,9 @@ class NodeLowering(TreeLowering):
 
         Each depth decides for the rows still walking (:meth:`walking_rows`: on the CPU only
         those, gathered by a free host read; elsewhere every row, sync-free, the stopped ones
-        keeping their verdict), so a row's cost ends where its walk does."""
+        keeping their verdict), so a row's cost ends where its walk does; there, too, a level
+        without leaves gathers no bonus rows and a level of leaves runs no rule
+        (:meth:`leaf_rows`)."""
         batch_size = batch.batch_size
         rows = torch.arange(batch_size, device=batch.device)  # [B]
         walk = Descent.start(batch_size, batch.max_depth, batch.device)
@@ -312,17 +324,23 @@ class NodeLowering(TreeLowering):
             safe_nodes = candidate_nodes.clamp_min(0)  # [L, C]
             candidate_tokens = node_tokens[sub[:, None], safe_nodes]  # [L, C]
             accept_uniforms = noise.accept[sub[:, None], safe_nodes]  # [L, C]
-            target = target_probs[sub, node]  # [L, V]
-            draft = draft_probs[sub, node]  # [L, V]
             leaf = ~valid.any(-1)  # [L]
-
-            extra = self.level_extras(extras, depth, walk.node, walk.done)[sub]  # [L, P]
-            step = self.step(extra, target, draft, candidate_tokens, valid, accept_uniforms)
-            bonus = target_probs[sub, self.bonus_row(batch, walk.node)[sub]]  # [L, V]
-            stop_probs = torch.where(leaf[:, None], bonus, step.stop_probs)  # [L, V]
+            some_leaf, all_leaf = self.leaf_rows(leaf)
+            if all_leaf:  # static off the CPU (never); there a free host read: no rule to run
+                stop_probs = target_probs[sub, self.bonus_row(batch, walk.node)[sub]]  # [L, V]
+                accepted = torch.full_like(node, PAD)  # [L]
+            else:
+                target = target_probs[sub, node]  # [L, V]
+                draft = draft_probs[sub, node]  # [L, V]
+                extra = self.level_extras(extras, depth, walk.node, walk.done)[sub]  # [L, P]
+                step = self.step(extra, target, draft, candidate_tokens, valid, accept_uniforms)
+                stop_probs = step.stop_probs  # [L, V]
+                if some_leaf:  # static off the CPU (always); there a free host read
+                    bonus = target_probs[sub, self.bonus_row(batch, walk.node)[sub]]  # [L, V]
+                    stop_probs = torch.where(leaf[:, None], bonus, stop_probs)  # [L, V]
+                accepted = torch.where(leaf, PAD, step.accepted)  # [L]
             drawn = ops.draw_rows(stop_probs, noise.sample[sub, node])  # [L]
 
-            accepted = torch.where(leaf, PAD, step.accepted)  # [L]
             hit = valid & (candidate_tokens == drawn[:, None])  # [L, C]
             slot = torch.where(accepted >= 0, accepted, hit.to(torch.int8).argmax(-1))  # [L]
             descend = (accepted >= 0) | hit.any(-1)  # [L]
