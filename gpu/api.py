@@ -116,8 +116,9 @@ def verify(
         check_batch_round(batch, target_probs, draft_probs, noise, tolerance)
     dtype = ops.compute_dtype(target_probs, draft_probs)
     device = batch.device
-    target = target_probs.to(device=device, dtype=dtype)  # [B, N, V]
-    draft = draft_probs.to(device=device, dtype=dtype)  # [B, N, V]
+    # detached: a verdict has no gradient, and the lowerings write into buffers (out=)
+    target = target_probs.detach().to(device=device, dtype=dtype)  # [B, N, V]
+    draft = draft_probs.detach().to(device=device, dtype=dtype)  # [B, N, V]
     noise = Noise(
         noise.accept.to(device=device, dtype=torch.float64),
         noise.sample.to(device=device, dtype=torch.float64),

@@ -1035,8 +1035,9 @@ def verify_chain(
         noise.accept.to(device=device, dtype=torch.float64),
         noise.sample.to(device=device, dtype=torch.float64),
     )
-    target_probs = target_probs.to(device)
-    draft_probs = None if draft_probs is None else draft_probs.to(device)
+    # detached: a verdict has no gradient, and the engines write into buffers (out=)
+    target_probs = target_probs.detach().to(device)
+    draft_probs = None if draft_probs is None else draft_probs.detach().to(device)
     dtype = check_dtype(dtype, target_probs, draft_probs)
     if batch_size == 0:  # no rows: empty verdicts of the documented shapes
         empty = draft_tokens.new_zeros((0,))  # [0] long

@@ -90,8 +90,27 @@ def test_pathwise_when_every_row_walks_every_depth(name: str, monkeypatch) -> No
     monkeypatch.setattr(
         ssg.schemes.base.NodeLowering, "leaf_rows", lambda self, leaf: (True, False)
     )
+    recursive = ssg.schemes.specinfer.RecursiveRejection
+    monkeypatch.setattr(recursive, "rejecting_rows_only", lambda self, target: False)
     pair = ss.pairs.Random(3, seed=1)
     assert mismatches(name, mixed_rounds(name, pair, 1)) == []
+
+
+@pytest.mark.parametrize("name", ["specinfer", "rsd"])
+def test_recursive_rejection_updating_too_few_rows_is_caught(name: str, monkeypatch) -> None:
+    """Mutant of the CPU route of recursive rejection: the update formed for the rejecting
+    rows but written for the first of them only (a row's later slots test a stale p')."""
+    recursive = type(ssg.get_lowering(name))
+    original = recursive.update
+
+    def first_row_only(self: Any, target: Any, draft: Any, token: Any) -> Any:
+        new_target, new_draft = original(self, target, draft, token)
+        new_target[1:] = target[1:]
+        return new_target, new_draft
+
+    monkeypatch.setattr(recursive, "update", first_row_only)
+    pair = ss.pairs.Random(3, seed=1)
+    assert mismatches(name, mixed_rounds(name, pair, 1)) != []
 
 
 @pytest.mark.parametrize("wrong", [(False, False), (True, True)])
@@ -540,3 +559,43 @@ def test_host_planned_lowerings_plan_only_the_nodes_the_walk_reaches(name, monke
     assert len(depths) >= 3  # rows stop at several depths
     total = sum(len(tree.candidates[v]) >= 2 for tree, *_ in rounds for v in range(tree.num_nodes))
     assert len(calls) == expected_calls < total
+
+
+def test_tables_that_require_grad_verify_as_detached_ones() -> None:
+    """A verdict has no gradient: tables with ``requires_grad`` (logits' softmax inside a
+    training loop) verify as their detached values, by every tree lowering and every chain
+    engine, although the lowerings write into buffers (``out=``), which autograd refuses."""
+    from specsampling.gpu.schemes import TreeLowering
+
+    rng = np.random.default_rng(5)
+    pair = ss.pairs.Random(6, seed=0)
+    shapes = (ss.Shape.branching((2, 2), replacement=True), ss.Shape.branching((2, 2)))
+    for name in sorted(ssg.SCHEMES):
+        if not isinstance(ssg.get_lowering(name), TreeLowering):
+            continue
+        shape = next((s for s in shapes if ss.SCHEMES[name].supports(s)), ss.Shape.chain(3))
+        trees = [shape.draft(pair, rng) for _ in range(4)]
+        drafted = [tables(pair, tree) for tree in trees]
+        batch = ssg.TreeBatch.from_trees(trees)
+        target, draft = ssg.tables_batch(*zip(*drafted, strict=True), dtype=torch.float32)
+        noise = ssg.Noise.draw(batch, torch.Generator().manual_seed(0))
+        expected = ssg.verify(name, batch, target, draft, noise)
+        got = ssg.verify(
+            name, batch, target.clone().requires_grad_(), draft.clone().requires_grad_(), noise
+        )
+        assert torch.equal(got.tokens, expected.tokens), name
+        g = torch.Generator().manual_seed(2)
+        chain_target = torch.softmax(3 * torch.randn(4, 4, 6, generator=g), -1)  # [B, γ + 1, V]
+        chain_draft = torch.softmax(3 * torch.randn(4, 3, 6, generator=g), -1)  # [B, γ, V]
+        tokens = torch.multinomial(chain_draft.reshape(-1, 6), 1, generator=g).reshape(4, 3)
+        expected = ssg.verify_chain(
+            name, tokens, chain_target, chain_draft, generator=torch.Generator().manual_seed(1)
+        )
+        got = ssg.verify_chain(
+            name,
+            tokens,
+            chain_target.clone().requires_grad_(),
+            chain_draft.clone().requires_grad_(),
+            generator=torch.Generator().manual_seed(1),
+        )
+        assert torch.equal(got.tokens, expected.tokens), name

@@ -72,6 +72,10 @@ class RecursiveRejection(NodeLowering):
         accept_uniforms: torch.Tensor,  # [B, C]
         guessed: torch.Tensor | None = None,  # [B, C] bool: the slot is a guess
     ) -> NodeStep:
+        if self.rejecting_rows_only(target):  # static: the CPU outside torch.compile
+            return self.host_node_step(
+                target, draft, candidate_tokens, candidate_valid, accept_uniforms, guessed
+            )
         current = target  # [B, V]
         accepted = torch.full_like(candidate_tokens[:, 0], PAD)  # [B]
         for slot in range(candidate_tokens.shape[1]):
@@ -95,6 +99,55 @@ class RecursiveRejection(NodeLowering):
             current = torch.where(rejected, next_current, current, out=next_current)  # [B, V]
             if next_draft is not draft:  # static: specinfer keeps its draft
                 draft = torch.where(rejected, next_draft, draft, out=next_draft)  # [B, V]
+        return NodeStep(accepted, current)
+
+    def rejecting_rows_only(self, target: torch.Tensor) -> bool:
+        """Whether :meth:`node_step` updates only the rows that reject (:meth:`host_node_step`):
+        on the CPU outside ``torch.compile``, where reading which rows those are is free."""
+        return ops.host_reads_free(target)
+
+    def host_node_step(
+        self,
+        target: torch.Tensor,  # [B, V]
+        draft: torch.Tensor,  # [B, V]
+        candidate_tokens: torch.Tensor,  # [B, C]
+        candidate_valid: torch.Tensor,  # [B, C]
+        accept_uniforms: torch.Tensor,  # [B, C]
+        guessed: torch.Tensor | None = None,  # [B, C] bool
+    ) -> NodeStep:
+        """:meth:`node_step` with each slot's update (:meth:`update`, a guess's removal) formed
+        for the rows that reject it only, read on the host, and written over copies of the
+        running rows: a row that accepted, or is not tested, costs no pass over ``V`` (the
+        sync-free loop forms every row's update at every slot and selects). The same values:
+        each row's update is computed from the same row by the same operations."""
+        current, running = target, draft  # [B, V] each; copied before the first write
+        accepted = torch.full_like(candidate_tokens[:, 0], PAD)  # [B]
+        copied = [False, False]
+        for slot in range(candidate_tokens.shape[1]):
+            token = candidate_tokens[:, slot]  # [B]
+            testing = candidate_valid[:, slot] & (accepted == PAD)  # [B]
+            draft_x = ops.gather_tokens(running, token)  # [B]
+            if guessed is not None:
+                draft_x = torch.where(guessed[:, slot], torch.ones_like(draft_x), draft_x)
+            passes = self.accepts(
+                accept_uniforms[:, slot], ops.gather_tokens(current, token), draft_x
+            )  # [B]
+            accepted = torch.where(testing & passes, slot, accepted)
+            rows = (testing & ~passes).nonzero()[:, 0]  # [R], the host read
+            if rows.shape[0] == 0:
+                continue
+            rows_current, rows_draft, rows_token = current[rows], running[rows], token[rows]
+            next_current, next_draft = self.update(rows_current, rows_draft, rows_token)
+            if guessed is not None:  # a rejected guess leaves p' without its token
+                removed = ops.remove_token(rows_current, rows_token)  # [R, V]
+                next_current = torch.where(guessed[rows, slot, None], removed, next_current)
+            if not copied[0]:
+                current, copied[0] = current.clone(), True
+            current[rows] = next_current
+            if next_draft is not rows_draft:  # rsd: the draft loses the rejected token
+                if not copied[1]:
+                    running, copied[1] = running.clone(), True
+                running[rows] = next_draft
         return NodeStep(accepted, current)
 
 
