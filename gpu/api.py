@@ -86,7 +86,8 @@ def verify(
     batch : TreeBatch
         ``B`` trees padded to ``N`` nodes.
     target_probs, draft_probs : Tensor [B, N, V]
-        Row ``n`` is the distribution after node ``n`` (float64/32, bf16, fp16).
+        Row ``n`` is the distribution after node ``n`` (float64/32, bf16, fp16). Tables that
+        require grad are read as their detached values (a verdict has no gradient).
     noise : Noise, optional
         Uniforms ``[B, N]``; ``None`` draws fresh ones (from ``generator`` when given).
     validate : bool, default True

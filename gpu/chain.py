@@ -955,7 +955,8 @@ def verify_chain(
         ``target_probs[b, i]``: the target after ``i`` drafts (float64/32, bf16, fp16).
     draft_probs : Tensor [B, γ, V] or None
         The draft distribution each token was sampled from; ``None`` for point-mass
-        (deterministic) drafts, verified with the one-hot of the drafted token.
+        (deterministic) drafts, verified with the one-hot of the drafted token. Tables that
+        require grad are read as their detached values (a verdict has no gradient).
     noise : Noise, optional
         Uniforms ``[B, γ + 1]`` (lane ``i + 1`` of ``accept`` tests draft ``i``, lane ``k`` of
         ``sample`` draws the token after ``k`` accepted); ``None`` draws fresh float64 ones.

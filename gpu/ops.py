@@ -82,10 +82,21 @@ def residual(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Ten
     [[1.0, 0.0], [0.5, 0.5]]
     """
     weights = (target_probs - draft_probs).clamp_min_(0)  # [B, V], the one new row buffer
-    mass = numpy_sum(weights)[..., None]  # [B, 1], in numpy's order in float64
+    return normalise_in_place(weights, target_probs)  # [B, V]
+
+
+def normalise_in_place(weights: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+    """Rows of ``weights [B, V]`` divided by their sums (in numpy's order in float64), or the
+    ``fallback`` row where a sum is 0, written into ``weights`` (no ``[B, V]`` temporary).
+
+    >>> normalise_in_place(torch.tensor([[1.0, 3.0], [0.0, 0.0]]), torch.full((2, 2), 0.5))
+    tensor([[0.2500, 0.7500],
+            [0.5000, 0.5000]])
+    """
+    mass = numpy_sum(weights)[..., None]  # [B, 1]
     has_mass = mass > 0  # [B, 1]
     weights.div_(torch.where(has_mass, mass, torch.ones_like(mass)))  # [B, V]
-    return torch.where(has_mass, weights, target_probs, out=weights)  # [B, V]
+    return torch.where(has_mass, weights, fallback, out=weights)  # [B, V]
 
 
 def remove_token(probs: torch.Tensor, token: torch.Tensor) -> torch.Tensor:

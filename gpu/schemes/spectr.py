@@ -131,7 +131,8 @@ def optimal_rho(
 
     The reference's bisection (:func:`bisection_rho`), except on the CPU outside
     ``torch.compile`` below float64, where the lowering promises agreement with the reference up
-    to float32 rounding only: there :func:`newton_rho` finds the same root in fewer passes. 1 where :math:`\rho = 1` is feasible or the supports are disjoint.
+    to float32 rounding only: there :func:`newton_rho` finds the same root in fewer passes. 1
+    where :math:`\rho = 1` is feasible or the supports are disjoint.
 
     Parameters
     ----------
@@ -187,8 +188,8 @@ NEWTON_WIDTH = 2.0**-21
 
 def beta_slope(terms: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     r""":math:`\sum_{x: q(x) > p(x)/\rho} p(x)`, the slope of :math:`\beta` in :math:`t = 1/\rho`
-    at :math:`\rho`, from :func:`rejection`'s clipped terms (``work``, overwritten): their signs
-    dotted with ``target`` (``[B]``)."""
+    at :math:`\rho`, from the clipped terms :func:`rejection` left in its buffer (``terms``,
+    overwritten): their signs dotted with ``target`` (``[B]``)."""
     return terms.sign_().mul_(target).sum(-1)  # [B]
 
 
@@ -377,12 +378,12 @@ def residual(
     if target.dtype != torch.float64:  # static: the float32 formula
         floor = torch.mul(target, (1 - scale / rho).clamp_min(0)[:, None])  # [B, V]
         torch.addcmul(target, draft, scale[:, None], value=-1, out=weights)  # p - gamma q
-        return _normalise_in_place(torch.maximum(weights, floor, out=weights), target)
+        return ops.normalise_in_place(torch.maximum(weights, floor, out=weights), target)
     torch.div(target, rho[:, None], out=weights)  # p / rho, then min(p / rho, q) in place
     torch.minimum(weights, draft, out=weights)
     scale = torch.where(weights.sum(-1) > 0, scale, 0.0)  # [B]: 0 on disjoint supports
     torch.sub(target, weights.mul_(scale[:, None]), out=weights).clamp_min_(0)  # [B, V]
-    return _normalise_in_place(weights, target)
+    return ops.normalise_in_place(weights, target)
 
 
 def normalised_or_target(weights: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -393,15 +394,6 @@ def normalised_or_target(weights: torch.Tensor, target: torch.Tensor) -> torch.T
     return torch.where(
         has_mass, weights / torch.where(has_mass, mass, torch.ones_like(mass)), target
     )
-
-
-def _normalise_in_place(weights: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """:func:`normalised_or_target` written into ``weights`` (the same values; no ``[B, V]``
-    temporary)."""
-    mass = ops.numpy_sum(weights)[:, None]  # [B, 1]
-    has_mass = mass > 0  # [B, 1]
-    weights.div_(torch.where(has_mass, mass, torch.ones_like(mass)))
-    return torch.where(has_mass, weights, target, out=weights)
 
 
 class SpecTr(NodeLowering):
