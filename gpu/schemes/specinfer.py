@@ -26,6 +26,8 @@ class RecursiveRejection(NodeLowering):
     """Recursive rejection sampling per node over the candidate slots; subclasses choose
     :meth:`update` (the running target and draft after a rejection)."""
 
+    hot_path = (*NodeLowering.hot_path, "slot_passes")
+
     def update(
         self, target: torch.Tensor, draft: torch.Tensor, token: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,12 +83,7 @@ class RecursiveRejection(NodeLowering):
         for slot in range(candidate_tokens.shape[1]):
             token = candidate_tokens[:, slot]  # [B]
             testing = candidate_valid[:, slot] & (accepted == PAD)  # [B]
-            draft_x = ops.gather_tokens(draft, token)  # [B]
-            if guessed is not None:  # static: a guess is a point mass at its token
-                draft_x = torch.where(guessed[:, slot], torch.ones_like(draft_x), draft_x)
-            passes = self.accepts(
-                accept_uniforms[:, slot], ops.gather_tokens(current, token), draft_x
-            )  # [B]
+            passes = self.slot_passes(slot, current, draft, token, accept_uniforms, guessed)
             accepted = torch.where(testing & passes, slot, accepted)
             rejected = (testing & ~passes)[:, None]  # [B, 1]
             next_current, next_draft = self.update(current, draft, token)  # new rows each
@@ -100,6 +97,22 @@ class RecursiveRejection(NodeLowering):
             if next_draft is not draft:  # static: specinfer keeps its draft
                 draft = torch.where(rejected, next_draft, draft, out=next_draft)  # [B, V]
         return NodeStep(accepted, current)
+
+    def slot_passes(
+        self,
+        slot: int,
+        current: torch.Tensor,  # [B, V]: p'
+        draft: torch.Tensor,  # [B, V]: q'
+        token: torch.Tensor,  # [B]: the slot's token
+        accept_uniforms: torch.Tensor,  # [B, C]
+        guessed: torch.Tensor | None,  # [B, C] bool
+    ) -> torch.Tensor:
+        """Whether each row's slot would be accepted, ``u q'(x) < p'(x)`` (``[B]`` bool; a guess
+        is a point mass at its token, ``q'(x) = 1``)."""
+        draft_x = ops.gather_tokens(draft, token)  # [B]
+        if guessed is not None:  # static: a guess is a point mass at its token
+            draft_x = torch.where(guessed[:, slot], torch.ones_like(draft_x), draft_x)
+        return self.accepts(accept_uniforms[:, slot], ops.gather_tokens(current, token), draft_x)
 
     def rejecting_rows_only(self, target: torch.Tensor) -> bool:
         """Whether :meth:`node_step` updates only the rows that reject (:meth:`host_node_step`):
@@ -126,12 +139,7 @@ class RecursiveRejection(NodeLowering):
         for slot in range(candidate_tokens.shape[1]):
             token = candidate_tokens[:, slot]  # [B]
             testing = candidate_valid[:, slot] & (accepted == PAD)  # [B]
-            draft_x = ops.gather_tokens(running, token)  # [B]
-            if guessed is not None:
-                draft_x = torch.where(guessed[:, slot], torch.ones_like(draft_x), draft_x)
-            passes = self.accepts(
-                accept_uniforms[:, slot], ops.gather_tokens(current, token), draft_x
-            )  # [B]
+            passes = self.slot_passes(slot, current, running, token, accept_uniforms, guessed)
             accepted = torch.where(testing & passes, slot, accepted)
             rows = (testing & ~passes).nonzero()[:, 0]  # [R], the host read
             if rows.shape[0] == 0:
