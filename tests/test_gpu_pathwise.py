@@ -272,7 +272,7 @@ def test_the_walk_never_synchronises() -> None:
         spectr.optimal_rho,
         spectr.bisection_rho,
         spectr.residual,
-        spectr.normalised_or_target,
+        ops.normalise_in_place,
         resispec.top_mask,
         resispec.ratio_sub_target,
         ssg.schemes.greedy.token_mask,

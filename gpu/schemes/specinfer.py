@@ -135,7 +135,7 @@ class RecursiveRejection(NodeLowering):
         each row's update is computed from the same row by the same operations."""
         current, running = target, draft  # [B, V] each; copied before the first write
         accepted = torch.full_like(candidate_tokens[:, 0], PAD)  # [B]
-        copied = [False, False]
+        current_copied = running_copied = False
         for slot in range(candidate_tokens.shape[1]):
             token = candidate_tokens[:, slot]  # [B]
             testing = candidate_valid[:, slot] & (accepted == PAD)  # [B]
@@ -149,12 +149,12 @@ class RecursiveRejection(NodeLowering):
             if guessed is not None:  # a rejected guess leaves p' without its token
                 removed = ops.remove_token(rows_current, rows_token)  # [R, V]
                 next_current = torch.where(guessed[rows, slot, None], removed, next_current)
-            if not copied[0]:
-                current, copied[0] = current.clone(), True
+            if not current_copied:
+                current, current_copied = current.clone(), True
             current[rows] = next_current
             if next_draft is not rows_draft:  # rsd: the draft loses the rejected token
-                if not copied[1]:
-                    running, copied[1] = running.clone(), True
+                if not running_copied:
+                    running, running_copied = running.clone(), True
                 running[rows] = next_draft
         return NodeStep(accepted, current)
 

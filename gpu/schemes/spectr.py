@@ -238,17 +238,17 @@ def newton_rho(
     work = torch.empty_like(draft)  # [B, V]
     overlap = torch.minimum(target, draft, out=work).sum(-1) > 0  # [B]
     k = counts.numpy().astype(np.int64)  # [B]
-    high = k.astype(np.float64)  # [B]: k is feasible (gamma <= k for any rejection mass)
-    low = np.ones_like(high)  # [B]
     ones = torch.ones(target.shape[0], dtype=target.dtype)  # [B]
     rejected = rejection(target, draft, ones, work)  # [B]; work holds the terms
     feasible = (gamma(rejected, counts, max_count) <= ones).numpy()  # [B]
     slope = beta_slope(work, target)  # [B]
     searching = overlap.numpy() & ~feasible & (k > 1)  # [B]
-    result = np.where(searching, high, 1.0)  # [B]
+    # [1, k] where searching (k is feasible: gamma <= k for any rejection mass), else done at 1
+    low = np.ones(len(k))  # [B]
+    high = np.where(searching, k, 1.0)  # [B]
+    result = high.copy()  # [B]
     rows = np.arange(len(k))  # the rows in the passes: all, until few are still searching
     state = _NewtonState(low, high, rejected.double().numpy(), slope.double().numpy(), k)
-    state.high = np.where(searching, high, low)  # the others are done at rho = 1
     for _ in range(max_passes):
         done = state.done()  # [R]
         if done.all():
@@ -384,16 +384,6 @@ def residual(
     scale = torch.where(weights.sum(-1) > 0, scale, 0.0)  # [B]: 0 on disjoint supports
     torch.sub(target, weights.mul_(scale[:, None]), out=weights).clamp_min_(0)  # [B, V]
     return ops.normalise_in_place(weights, target)
-
-
-def normalised_or_target(weights: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """``weights / sum`` per row, or ``target`` where the weights have no mass (``[B, V]``; the
-    sum in numpy's order in float64)."""
-    mass = ops.numpy_sum(weights)[:, None]  # [B, 1]
-    has_mass = mass > 0  # [B, 1]
-    return torch.where(
-        has_mass, weights / torch.where(has_mass, mass, torch.ones_like(mass)), target
-    )
 
 
 class SpecTr(NodeLowering):
