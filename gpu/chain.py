@@ -78,7 +78,7 @@ from .schemes.base import HostPlanned, TreeLowering, Verified
 from .schemes.block import Block
 from .schemes.greedy import Greedy
 from .schemes.nss import NSS
-from .schemes.resispec import ConstantRatio, ResiSpec
+from .schemes.resispec import ResiSpec
 from .schemes.rsd import RSD
 from .schemes.spechub import SpecHub
 from .schemes.specinfer import SpecInfer
@@ -118,8 +118,7 @@ def takes_standard_rule(lowering: Any) -> bool:
     if kind is HostPlanned:
         return type(lowering.scheme) in HOST_PLANNED_STANDARD
     if kind is ResiSpec:
-        policy = lowering.policy
-        return not (isinstance(policy, ConstantRatio) and policy.rho is not None)
+        return bool(lowering.standard_at_one_candidate)
     return False
 
 

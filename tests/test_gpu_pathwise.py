@@ -92,6 +92,8 @@ def test_pathwise_when_every_row_walks_every_depth(name: str, monkeypatch) -> No
     )
     recursive = ssg.schemes.specinfer.RecursiveRejection
     monkeypatch.setattr(recursive, "rejecting_rows_only", lambda self, target: False)
+    resispec = ssg.schemes.resispec.ResiSpec
+    monkeypatch.setattr(resispec, "rejecting_rows_only", lambda self, target: False)
     pair = ss.pairs.Random(3, seed=1)
     assert mismatches(name, mixed_rounds(name, pair, 1)) == []
 

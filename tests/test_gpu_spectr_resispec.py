@@ -223,6 +223,7 @@ def test_policy_methods_never_synchronise() -> None:
         lowered.ratio_sub_target,
         lowered.ResiSpec.walk,
         lowered.ResiSpec.step,
+        lowered.ResiSpec.stage,
         lowered_spectr.SpecTr.node_step,
     ]
     for cls in lowered.POLICIES.values():
@@ -311,6 +312,112 @@ def test_mutants_are_caught(mutant: Any) -> None:
             pair = ss.pairs.Random(vocab, seed=pair_seed)
             found += len(mismatches(mutant, mixed_rounds(mutant, pair, pair_seed)))
     assert found > 0, f"the path-wise test passes the mutant {type(mutant).__name__}"
+
+
+# --------------------------------------------------------------------------- ResiSpec's CPU routes
+RESISPEC = [lowering for lowering in LOWERINGS if isinstance(lowering, lowered.ResiSpec)]
+
+
+@pytest.mark.parametrize("lowering", RESISPEC, ids=label)
+def test_resispec_sync_free_loop_is_pathwise_too(lowering: Any, monkeypatch) -> None:
+    """The accelerators' loop (every row's stage formed at every slot and selected) gives the
+    reference's verdicts too; the CPU route (:meth:`ResiSpec.host_step`: the accept tests from
+    the candidates' entries, the stages for the rejecting rows only) is what the other
+    path-wise tests run."""
+    assert lowering.rejecting_rows_only(torch.zeros(1, 2))  # the CPU, eager: the host route
+    monkeypatch.setattr(lowered.ResiSpec, "rejecting_rows_only", lambda self, target: False)
+    for vocab in (2, 3):
+        rounds = mixed_rounds(lowering, ss.pairs.Random(vocab, seed=vocab), vocab)
+        assert mismatches(lowering, rounds) == []
+
+
+@pytest.mark.parametrize("policy", [reference.ConfidenceDamping(), reference.ConstantRatio()])
+def test_resispec_host_route_updating_too_few_rows_is_caught(policy: Any, monkeypatch) -> None:
+    """Mutant of the CPU route: each stage formed for the rejecting rows but the shaped rest
+    kept for the first of them only (a later row's next stage reads a wrong t)."""
+    original = lowered.ResiSpec.stage
+
+    def first_row_only(self: Any, *args: Any) -> Any:
+        kept, rest, _ = original(self, *args)
+        rest[1:] = args[3][1:]  # t_k itself: the rows after the first not shaped
+        return kept, rest, ops_sum(rest)
+
+    monkeypatch.setattr(lowered.ResiSpec, "stage", first_row_only)
+    lowering = lowered.ResiSpec(policy)
+    found = 0
+    for vocab in (2, 3):
+        for pair_seed in range(4):
+            rounds = mixed_rounds(lowering, ss.pairs.Random(vocab, seed=pair_seed), pair_seed)
+            found += len(mismatches(lowering, rounds))
+    assert found > 0
+
+
+def ops_sum(rows: torch.Tensor) -> torch.Tensor:
+    return ssg.ops.numpy_sum(rows)[:, None]
+
+
+def test_a_fixed_ratio_run_as_the_standard_rule_is_caught(monkeypatch) -> None:
+    """``ConstantRatio`` with a fixed rho is the one policy not standard at one candidate
+    (:attr:`ResiSpec.standard_at_one_candidate`): a mutant claiming it is gets caught on the
+    one-candidate levels of chains and paths."""
+    flags = {label(low): low.standard_at_one_candidate for low in RESISPEC}
+    assert [name for name, flag in flags.items() if not flag] == [
+        "resispec-ConstantRatio(rho=1.25)"
+    ]
+    lowering = lowered.ResiSpec(reference.ConstantRatio(rho=1.25))
+    rng = np.random.default_rng(0)
+    rounds: list[Round] = []
+    for pair_seed in range(4):  # batches of one candidate per level: chains and paths
+        pair = ss.pairs.Random(3, seed=pair_seed)
+        for shape in (ss.Shape.chain(4), ss.Shape.paths(2, 3)):
+            tree = shape.draft(pair, rng)
+            for _ in range(60):  # the rules differ on narrow bands of u: many draws
+                rounds.append((tree, *tables(pair, tree), ss.Noise.draw(rng, tree.num_nodes)))
+    assert mismatches(lowering, rounds) == []
+    monkeypatch.setattr(lowered.ResiSpec, "standard_at_one_candidate", True)
+    assert mismatches(lowering, rounds) != []
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_bounded_policies_stay_within_the_running_target(dtype: torch.dtype) -> None:
+    """Every policy that declares itself ``bounded`` gives 0 <= a_k <= t_k in every bit on
+    non-negative rows (zeros, ties and tiny values included), so the one-pass m_k of
+    :meth:`ResiSpec.stage` equals the contract's clamped three-pass one bit for bit."""
+    generator = torch.Generator().manual_seed(0)
+    rows, vocab = 64, 40
+
+    def rows_of(power: int) -> torch.Tensor:
+        values = torch.rand(rows, vocab, generator=generator, dtype=torch.float64) ** power
+        values[:, ::7] = 0.0
+        values[:8, :4] = 1e-300 if dtype == torch.float64 else 1e-40
+        return (values / values.sum(-1, keepdim=True)).to(dtype)
+
+    target, draft, current, proposal = (rows_of(power) for power in (2, 3, 4, 5))
+    current[:8] = target[:8]
+    proposal[:8] = draft[:8]
+    counts = torch.randint(1, 5, (rows,), generator=generator)
+    checked = 0
+    for lowering in RESISPEC:
+        policy = lowering.policy
+        if not policy.bounded:
+            continue
+        parameters = torch.stack(
+            [
+                torch.randint(0, 3, (rows,), generator=generator).to(dtype),  # kind
+                1 + 3 * torch.rand(rows, generator=generator, dtype=dtype),  # rho
+                torch.rand(rows, generator=generator, dtype=dtype),  # scale
+                torch.rand(rows, generator=generator, dtype=dtype) / vocab,  # threshold
+            ],
+            -1,
+        )[:, : policy.num_parameters]
+        resolved = policy.at_node(target, draft, counts, 4, parameters)
+        for index in range(1, 5):
+            sub = policy.sub_target(resolved, target, draft, current, proposal, index, counts)
+            assert bool((sub >= 0).all()) and bool((sub <= current).all()), label(lowering)
+            clamped = torch.minimum(torch.minimum(sub.clamp_min(0), current), proposal)
+            assert torch.equal(torch.minimum(sub, proposal), clamped)
+            checked += 1
+    assert checked == 4 * sum(1 for low in RESISPEC if low.policy.bounded) > 0
 
 
 # --------------------------------------------------------------------------- fast paths

@@ -65,7 +65,7 @@ from specsampling.tree import DrawLaw
 
 from .. import ops
 from ..tree import PAD, TreeBatch
-from .base import NodeLowering, NodeStep, ReachedPlan
+from .base import NodeLowering, NodeStep, ReachedPlan, standard_step
 from .spectr import accept_probability, later_copies, optimal_rho, reuse_uniform
 
 #: Resolved-rule kinds of :class:`Optimised` (column 1 of its node parameters).
@@ -106,6 +106,14 @@ class Policy(ABC):
 
     #: Per-node parameter columns this policy reads from :meth:`node_parameters`.
     num_parameters: ClassVar[int] = 0
+    #: Whether :meth:`sub_target` reads the node's ``target`` and ``draft`` rows (the CPU route
+    #: of :meth:`ResiSpec.host_step` passes ``None`` for them where it does not, so that it
+    #: gathers no copies of them).
+    reads_tables: ClassVar[bool] = True
+    #: Whether :meth:`sub_target` is always within :math:`0 \le a_k \le t_k` in every bit (for
+    #: non-negative rows), so that the contract's clamp is the identity and
+    #: :meth:`ResiSpec.stage` forms :math:`m_k = \min(a_k, q_k)` in one pass instead of three.
+    bounded: ClassVar[bool] = False
 
     def __init__(self, policy: Any) -> None:
         self.reference = policy
@@ -134,18 +142,24 @@ class Policy(ABC):
     def sub_target(
         self,
         resolved: Any,
-        target: torch.Tensor,  # [B, V]
-        draft: torch.Tensor,  # [B, V]
+        target: torch.Tensor | None,  # [B, V]
+        draft: torch.Tensor | None,  # [B, V]
         current: torch.Tensor,  # [B, V]
         proposal: torch.Tensor,  # [B, V]
         index: int,
         counts: torch.Tensor,  # [B]
     ) -> torch.Tensor:
-        """:math:`a_k` for candidate ``index`` (from 1) of ``counts`` (``[B, V]``)."""
+        """:math:`a_k` for candidate ``index`` (from 1) of ``counts`` (``[B, V]``), pointwise:
+        every input may also be given at chosen tokens only (``[B, 1]``, ``resolved`` gathered
+        by :func:`resolved_at`). ``target`` and ``draft`` are ``None`` where
+        :attr:`reads_tables` is false."""
 
 
 class Greedy(Policy):
     """:math:`a_k = t_k` (:class:`specsampling.schemes.resispec.Greedy`)."""
+
+    reads_tables = False
+    bounded = True
 
     def sub_target(self, resolved, target, draft, current, proposal, index, counts):
         return current  # [B, V]
@@ -153,6 +167,8 @@ class Greedy(Policy):
 
 class ConstantRatio(Policy):
     r""":math:`a_k = \min(t_k, q_k, p/\rho)`, :math:`\rho^*` batched when ``rho`` is ``None``."""
+
+    bounded = True  # a minimum with t_k of non-negative terms (rho > 0)
 
     def __init__(self, policy: Any) -> None:
         super().__init__(policy)
@@ -178,6 +194,9 @@ class ConfidenceDamping(Policy):
     """:math:`a_k = s_k t_k` on the draft's high-confidence set for every candidate but the last
     (:class:`specsampling.schemes.resispec.ConfidenceDamping`)."""
 
+    reads_tables = False
+    bounded = True
+
     def __init__(self, policy: Any) -> None:
         super().__init__(policy)
         scales = policy.scale if isinstance(policy.scale, tuple) else (policy.scale,)
@@ -191,9 +210,11 @@ class ConfidenceDamping(Policy):
         return draft >= self.threshold  # [B, V]
 
     def sub_target(self, resolved, target, draft, current, proposal, index, counts):
+        # the last candidate undamped: a factor 1 there (x * 1 == x), one pass over V
         scale = self.scales[min(index, len(self.scales)) - 1]
-        damped = torch.where(resolved, scale * current, current)  # [B, V]
-        return torch.where((index >= counts)[:, None], current, damped)  # [B, V]
+        damped = torch.full_like(counts, scale, dtype=current.dtype)  # [B]
+        factor = torch.where(index >= counts, 1.0, damped)  # [B]
+        return torch.where(resolved, factor[:, None] * current, current)  # [B, V]
 
 
 class Optimised(Policy):
@@ -201,6 +222,7 @@ class Optimised(Policy):
     the resolved ``(kind, rho, scale, threshold)`` are applied batched."""
 
     num_parameters = 4
+    bounded = True  # the ratio's rule or a damping by a scale in [0, 1]
 
     def node_parameters(
         self, batch: TreeBatch, target_probs: torch.Tensor, draft_probs: torch.Tensor
@@ -325,7 +347,7 @@ class ResiSpec(NodeLowering):
             return registered
         return reference.ResiSpec(self.policy.reference)
 
-    hot_path: ClassVar[tuple[str, ...]] = ("walk", "step", "reuse", "shaped_rest")
+    hot_path: ClassVar[tuple[str, ...]] = ("walk", "step", "stage", "reuse", "shaped_rest")
 
     def node_extras(
         self,
@@ -355,6 +377,19 @@ class ResiSpec(NodeLowering):
         law = law[:, None, None].expand(-1, draft_probs.shape[1], 1)  # [B, N, 1]
         parameters = self.policy.node_parameters(batch, target_probs, draft_probs)  # [B, N, P]
         return torch.cat([law, parameters.to(law.dtype)], -1)  # [B, N, 1 + P]
+
+    @property
+    def standard_at_one_candidate(self) -> bool:
+        r"""Whether a node with one candidate is verified by the standard rule, bit for bit:
+        every policy but ``ConstantRatio`` with a fixed :math:`\rho` gives :math:`a_1 \ge t_1`
+        there (greedy, damping's undamped last candidate, SpecTr's :math:`\rho^* = 1`, the
+        optimiser's greedy), so :math:`m_1 = \min(p, q)`: the test
+        :math:`u\,q(x) < \min(p, q)(x)` is :math:`u\,q(x) < p(x)` and the rest
+        :math:`p - \min(p, q)` is :math:`(p - q)_+` in every bit, normalised the same way. A
+        level whose nodes hold at most one candidate then runs
+        :func:`~.base.standard_step` (as chains take the standard engine)."""
+        policy = self.policy
+        return not (isinstance(policy, ConstantRatio) and policy.rho is not None)
 
     def level_extras(
         self, extras: Any, depth: int, node: torch.Tensor, done: torch.Tensor
@@ -396,10 +431,19 @@ class ResiSpec(NodeLowering):
         accept_uniforms: torch.Tensor,  # [B, C]
     ) -> NodeStep:
         num_slots = candidate_tokens.shape[1]
+        if num_slots == 1 and self.standard_at_one_candidate:  # static: the level's slots
+            return standard_step(
+                self.accepts, target, draft, candidate_tokens, candidate_valid, accept_uniforms
+            )
         without = extras[:, 0] > 0  # [B]
         parameters = extras[:, 1:]  # [B, P]
         counts = candidate_valid.sum(-1)  # [B]
         resolved = self.policy.at_node(target, draft, counts, num_slots, parameters)
+        if self.rejecting_rows_only(target):  # static: the CPU outside torch.compile
+            return self.host_step(
+                resolved, without, counts, target, draft, candidate_tokens, candidate_valid,
+                accept_uniforms,
+            )  # fmt: skip
         current, proposal = target, draft  # [B, V] each
         uniforms = accept_uniforms  # [B, C]
         accepted = torch.full_like(counts, PAD)  # [B]
@@ -407,12 +451,9 @@ class ResiSpec(NodeLowering):
         for slot in range(num_slots):
             token = candidate_tokens[:, slot]  # [B]
             staging = staging & candidate_valid[:, slot]  # [B]
-            sub = self.policy.sub_target(
-                resolved, target, draft, current, proposal, slot + 1, counts
-            )  # [B, V]
-            kept = torch.minimum(torch.minimum(sub.clamp_min(0), current), proposal)  # [B, V]
-            rest = self.shaped_rest(current, kept, token)  # [B, V]
-            mass = ops.numpy_sum(rest)[:, None]  # [B, 1], numpy's order in float64
+            kept, rest, mass = self.stage(
+                resolved, target, draft, current, proposal, slot + 1, counts, token
+            )  # [B, V], [B, V], [B, 1]
             kept_x = ops.gather_tokens(kept, token)  # [B]
             proposal_x = ops.gather_tokens(proposal, token)  # [B]
             u = uniforms[:, slot]  # [B]
@@ -430,6 +471,134 @@ class ResiSpec(NodeLowering):
             proposal = torch.where((goes_on & without)[:, None], removed, proposal)  # [B, V]
             staging = goes_on
         return NodeStep(accepted, current)
+
+    def stage(
+        self,
+        resolved: Any,
+        target: torch.Tensor | None,  # [R, V]; None where the policy does not read it
+        draft: torch.Tensor | None,  # [R, V]; None where the policy does not read it
+        current: torch.Tensor,  # [R, V]: t_k
+        proposal: torch.Tensor,  # [R, V]: q_k
+        index: int,
+        counts: torch.Tensor,  # [R]
+        token: torch.Tensor,  # [R]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One stage of the given rows: ``(m_k, t_k - m_k, its mass [R, 1])``, the mass in
+        numpy's order in float64."""
+        sub = self.policy.sub_target(resolved, target, draft, current, proposal, index, counts)
+        if self.policy.bounded:  # static: the policy's; the clamp into [0, t_k] is exact
+            kept = torch.minimum(sub, proposal)  # [R, V]
+        else:
+            kept = torch.minimum(torch.minimum(sub.clamp_min(0), current), proposal)  # [R, V]
+        rest = self.shaped_rest(current, kept, token)  # [R, V]
+        return kept, rest, ops.numpy_sum(rest)[:, None]
+
+    def rejecting_rows_only(self, target: torch.Tensor) -> bool:
+        """Whether :meth:`step` forms each stage's update for the rows that reject only
+        (:meth:`host_step`): on the CPU outside ``torch.compile``, where reading which rows
+        those are is free."""
+        return ops.host_reads_free(target)
+
+    def host_step(
+        self,
+        resolved: Any,
+        without: torch.Tensor,  # [B] bool
+        counts: torch.Tensor,  # [B]
+        target: torch.Tensor,  # [B, V]
+        draft: torch.Tensor,  # [B, V]
+        candidate_tokens: torch.Tensor,  # [B, C]
+        candidate_valid: torch.Tensor,  # [B, C]
+        accept_uniforms: torch.Tensor,  # [B, C]
+    ) -> NodeStep:
+        """:meth:`step` with each slot's accept test formed from the candidates' entries alone
+        (the policy's :math:`a_k` is pointwise: applied to the gathered columns it gives the
+        gathered values of the whole rows, bit for bit) and each stage's update
+        (:meth:`stage`, the next :math:`t` and a without-replacement row's next :math:`q`)
+        formed for the rows that reject that slot only, read on the host, and written over
+        copies of the running rows. A row that accepted, or is not tested, costs no pass over
+        ``V``; its running rows go stale, unread: the walk draws from the returned rows only
+        where every candidate was rejected (the sync-free loop of :meth:`step` forms every
+        row's update at every slot and selects)."""
+        current, proposal = target, draft  # [B, V] each; copied before the first write
+        current_copied = proposal_copied = False
+        any_without = bool(without.any())  # the host read (free here)
+        uniforms = accept_uniforms  # [B, C]
+        accepted = torch.full_like(counts, PAD)  # [B]
+        staging = candidate_valid[:, 0]  # [B]: the plan reaches this slot
+        for slot in range(candidate_tokens.shape[1]):
+            token = candidate_tokens[:, slot]  # [B]
+            staging = staging & candidate_valid[:, slot]  # [B]
+            column = token[:, None]  # [B, 1]
+            current_x, proposal_x = current.gather(-1, column), proposal.gather(-1, column)
+            sub_x = self.policy.sub_target(
+                resolved_at(resolved, column), target.gather(-1, column),
+                draft.gather(-1, column), current_x, proposal_x, slot + 1, counts,
+            )  # fmt: skip
+            kept_x = torch.minimum(torch.minimum(sub_x.clamp_min(0), current_x), proposal_x)
+            kept_x, proposal_x = kept_x[:, 0], proposal_x[:, 0]  # [B] each
+            u = uniforms[:, slot]  # [B]
+            testing = staging & (accepted == PAD)  # [B]
+            passes = self.accepts(u, kept_x, proposal_x)  # [B]
+            accepted = torch.where(testing & passes, slot, accepted)
+            rejected = testing & ~passes  # [B]
+            reused = self.reuse(u, accept_probability(kept_x, proposal_x))  # [B]
+            copies = rejected[:, None] & later_copies(candidate_tokens, slot)  # [B, C]
+            uniforms = torch.where(copies, reused[:, None], uniforms)  # [B, C]
+            rows = rejected.nonzero()[:, 0]  # [R], the host read
+            staging = torch.zeros_like(staging)  # [B]: only a rejecting row tests on
+            if rows.shape[0] == 0:
+                continue
+            rows_current, rows_proposal, rows_token = current[rows], proposal[rows], token[rows]
+            rows_target = rows_draft = None  # read only by the policies that say so
+            if self.policy.reads_tables:  # static: the policy's; t_1 = p, q_1 = q (no copy)
+                rows_target = rows_current if current is target else target[rows]
+                rows_draft = rows_proposal if proposal is draft else draft[rows]
+            _, rest, mass = self.stage(
+                resolved_rows(resolved, rows), rows_target, rows_draft, rows_current,
+                rows_proposal, slot + 1, counts[rows], rows_token,
+            )  # fmt: skip
+            goes_on = mass[:, 0] > 0  # [R]
+            if not bool(goes_on.all()):  # rare: no mass left, the row stops with t_k
+                rows, rest, mass = rows[goes_on], rest[goes_on], mass[goes_on]
+                rows_proposal, rows_token = rows_proposal[goes_on], rows_token[goes_on]
+                if rows.shape[0] == 0:
+                    continue
+            staging[rows] = True
+            if not current_copied:
+                current, current_copied = current.clone(), True
+            current[rows] = rest.div_(mass)  # t_{k+1}
+            shrinks = without[rows]  # [R']
+            if any_without and bool(shrinks.any()):  # q_{k+1}: q_k without the token
+                if not bool(shrinks.all()):
+                    rows, rows_proposal, rows_token = (
+                        rows[shrinks],
+                        rows_proposal[shrinks],
+                        rows_token[shrinks],
+                    )
+                if not proposal_copied:
+                    proposal, proposal_copied = proposal.clone(), True
+                proposal[rows] = ops.remove_token(rows_proposal, rows_token)
+        return NodeStep(accepted, current)
+
+
+def resolved_at(resolved: Any, column: torch.Tensor) -> Any:
+    """A policy's resolved node data (:meth:`Policy.at_node`: ``None``, a tensor or a tuple of
+    them) at one token per row, ``column [B, 1]``: per-token tables ``[B, V]`` gathered to
+    ``[B, 1]``, per-row values ``[B]`` kept."""
+    if isinstance(resolved, tuple):
+        return tuple(resolved_at(part, column) for part in resolved)
+    if isinstance(resolved, torch.Tensor) and resolved.dim() == 2:
+        return resolved.gather(-1, column)  # [B, 1]
+    return resolved
+
+
+def resolved_rows(resolved: Any, rows: torch.Tensor) -> Any:
+    """A policy's resolved node data (:func:`resolved_at`) for the rows ``rows [R]``."""
+    if isinstance(resolved, tuple):
+        return tuple(resolved_rows(part, rows) for part in resolved)
+    if isinstance(resolved, torch.Tensor):
+        return resolved[rows]
+    return resolved
 
 
 LOWERING = ResiSpec()
