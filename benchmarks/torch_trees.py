@@ -34,6 +34,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -52,7 +53,8 @@ from common import (
 import specsampling as ss
 import specsampling.gpu as ssg
 from specsampling.gpu.schemes import TreeLowering
-from specsampling.schemes import tables
+from specsampling.gpu.schemes.resispec import ResiSpec
+from specsampling.schemes import resispec_policy, tables
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SHAPES = (
@@ -62,14 +64,31 @@ SHAPES = (
 )
 
 
-def tree_schemes(shape: ss.Shape) -> tuple[list[str], list[list[str]]]:
-    """Registered tree lowerings whose reference supports ``shape``; the rest, with why."""
-    usable, skipped = [], []
+#: ResiSpec's explicit policies, timed next to the registered default (``Optimised``, whose
+#: optimiser is planned on the host per node): the batched rule without the planning.
+RESISPEC_POLICIES = (
+    resispec_policy.Greedy(),
+    resispec_policy.ConstantRatio(),
+    resispec_policy.ConfidenceDamping(),
+)
+
+
+def tree_schemes(shape: ss.Shape) -> tuple[list[tuple[str, Any]], list[list[str]]]:
+    """``(label, lowering)`` of the registered tree lowerings whose reference supports
+    ``shape``, ResiSpec's explicit policies after its default; the rest, with why."""
+    usable: list[tuple[str, Any]] = []
+    skipped = []
     for name in sorted(ssg.SCHEMES):
-        if not isinstance(ssg.get_lowering(name), TreeLowering):
+        lowering = ssg.get_lowering(name)
+        if not isinstance(lowering, TreeLowering):
             skipped.append([name, "keyed coupling: runs from a key, not a tree verifier"])
         elif ss.SCHEMES[name].supports(shape):
-            usable.append(name)
+            usable.append((f"`{name}`", lowering))
+            if name == "resispec":
+                usable += [
+                    (f"`resispec` {type(policy).__name__}", ResiSpec(policy))
+                    for policy in RESISPEC_POLICIES
+                ]
     return usable, skipped
 
 
@@ -92,13 +111,13 @@ def measure(
     standard = ssg.get_lowering("standard")
     assert isinstance(standard, TreeLowering)
     rows = []
-    for name in usable:
-        reference = ss.SCHEMES[name]
+    for label, lowering in usable:
+        reference = lowering.reference_scheme
         expected = [
             tuple(reference.verify(tree, t, d, n))
             for tree, (t, d), n in zip(trees, numpy_tables, noises, strict=True)
         ]
-        out = ssg.verify(name, batch, target64, draft64, noise)
+        out = ssg.verify(lowering, batch, target64, draft64, noise)
         got = list(zip(out.node.tolist(), out.token.tolist(), strict=True))
         equal = sum(g == e for g, e in zip(got, expected, strict=True))
         generator = torch.Generator().manual_seed(seed)
@@ -109,11 +128,11 @@ def measure(
 
         fns = {
             "floor": lambda: (target32.sum(), draft32.sum()),
-            "f32": lambda name=name, generator=generator: ssg.verify(
-                name, batch, target32, draft32, None, generator=generator, validate=False
+            "f32": lambda lowering=lowering, generator=generator: ssg.verify(
+                lowering, batch, target32, draft32, None, generator=generator, validate=False
             ),
-            "f64": lambda name=name: ssg.verify(
-                name, batch, target64, draft64, noise, validate=False
+            "f64": lambda lowering=lowering: ssg.verify(
+                lowering, batch, target64, draft64, noise, validate=False
             ),
             "reference": reference_loop,
             # the check_batch of verify refuses trees for standard: its walk, on the same inputs
@@ -122,7 +141,7 @@ def measure(
         spent, rounds = interleaved_median_within(fns, repeats, budget_s)  # seconds, median
         rows.append(
             [
-                f"`{name}`",
+                label,
                 sig(spent["f32"] * 1e3),
                 sig(spent["f64"] * 1e3),
                 sig(spent["f32"] / spent["floor"], 2) + "x",
@@ -210,7 +229,9 @@ each float32 table `[B, N, V]` (the lowering reads only the rows on each walked 
 beat a full read). "lowering / reference" is the ratio of rounds per second (goal:
 >= 100x). "equal" counts rows whose float64 verdict equals the reference's (same noise).
 "f32 / standard" is the lowering's float32 time over the `standard` walk of the same batch
-(slot 0 at every node: as many levels; goal <= 3x).
+(slot 0 at every node: as many levels; goal <= 3x). "`resispec` Greedy", "ConstantRatio" and
+"ConfidenceDamping" are ResiSpec with those explicit policies (defaults: rho*, a damping of 1/2
+on every token), the batched rule without the default's per-node host optimiser.
 Median of {args.repeats} interleaved repeats after a warm-up, or as many as fit in
 {args.budget:g} s per scheme and shape ("timed rounds"; a scheme whose warm-up alone takes longer
 is timed by that one call).
