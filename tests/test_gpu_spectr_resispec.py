@@ -420,6 +420,38 @@ def test_bounded_policies_stay_within_the_running_target(dtype: torch.dtype) -> 
     assert checked == 4 * sum(1 for low in RESISPEC if low.policy.bounded) > 0
 
 
+def test_policies_are_pointwise_and_read_only_the_tables_they_say() -> None:
+    """What the CPU route relies on, for every lowered policy: :meth:`sub_target` at gathered
+    tokens (``[B, 1]``, :func:`resolved_at`) is the gather of the whole rows' bit for bit, and
+    ``None`` for a table its ``reads_target`` / ``reads_draft`` says it does not read changes
+    nothing."""
+    generator = torch.Generator().manual_seed(1)
+    rows, vocab = 32, 24
+    target, draft, current, proposal = (
+        torch.rand(rows, vocab, generator=generator, dtype=torch.float64).softmax(-1)
+        for _ in range(4)
+    )
+    counts = torch.randint(1, 4, (rows,), generator=generator)
+    column = torch.randint(0, vocab, (rows, 1), generator=generator)
+    parameters = torch.tensor([[lowered.DAMPING, 1.0, 0.5, 1 / vocab]] * rows, dtype=torch.float64)
+    parameters[::2] = torch.tensor([lowered.RATIO, 1.5, 1.0, 0.0], dtype=torch.float64)
+    for lowering in RESISPEC:
+        policy = lowering.policy
+        resolved = policy.at_node(target, draft, counts, 3, parameters[:, : policy.num_parameters])
+        for index in (1, 2, 3):
+            whole = policy.sub_target(resolved, target, draft, current, proposal, index, counts)
+            at_tokens = policy.sub_target(
+                lowered.resolved_at(resolved, column),
+                target.gather(-1, column) if policy.reads_target else None,
+                draft.gather(-1, column) if policy.reads_draft else None,
+                current.gather(-1, column),
+                proposal.gather(-1, column),
+                index,
+                counts,
+            )
+            assert torch.equal(at_tokens, whole.gather(-1, column)), label(lowering)
+
+
 # --------------------------------------------------------------------------- fast paths
 def full_bisection(target: torch.Tensor, draft: torch.Tensor, counts: torch.Tensor, k: int):
     """The reference's bisection run for its full static length (no dtype cap), in torch."""

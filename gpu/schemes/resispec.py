@@ -42,7 +42,13 @@ Policies (one lowering object per reference policy object, :func:`lower_policy`)
   ``torch.compile``-able path.
 
 Cost of the batched part: per candidate slot a handful of ``[B, V]`` passes in the input's
-precision (float32 stays float32; only the accept test's scalars are float64).
+precision (float32 stays float32; only the accept test's scalars are float64). A level whose
+nodes hold one candidate runs the standard rule (:attr:`ResiSpec.standard_at_one_candidate`:
+every policy but a fixed-ratio ``ConstantRatio`` is that rule there, bit for bit). On the CPU
+outside ``torch.compile`` (:meth:`ResiSpec.host_step`) each slot's accept test is formed from
+the candidates' entries alone and each stage's update for the rows that reject that slot only
+(a free host read); accelerators and compiled graphs run the sync-free loop of every row.
+Both routes are path-wise tested.
 
 How per-row data reaches the rule: :meth:`ResiSpec.node_extras` gives the walk ``[B, N, 1 + P]``
 (for ``Optimised`` a :class:`~specsampling.gpu.schemes.base.ReachedPlan` of those rows) once per
@@ -106,10 +112,11 @@ class Policy(ABC):
 
     #: Per-node parameter columns this policy reads from :meth:`node_parameters`.
     num_parameters: ClassVar[int] = 0
-    #: Whether :meth:`sub_target` reads the node's ``target`` and ``draft`` rows (the CPU route
-    #: of :meth:`ResiSpec.host_step` passes ``None`` for them where it does not, so that it
-    #: gathers no copies of them).
-    reads_tables: ClassVar[bool] = True
+    #: Whether :meth:`sub_target` reads the node's ``target`` / ``draft`` rows (the CPU route of
+    #: :meth:`ResiSpec.host_step` passes ``None`` for a table a policy does not read, so that it
+    #: gathers no copy of it).
+    reads_target: ClassVar[bool] = True
+    reads_draft: ClassVar[bool] = True
     #: Whether :meth:`sub_target` is always within :math:`0 \le a_k \le t_k` in every bit (for
     #: non-negative rows), so that the contract's clamp is the identity and
     #: :meth:`ResiSpec.stage` forms :math:`m_k = \min(a_k, q_k)` in one pass instead of three.
@@ -151,14 +158,14 @@ class Policy(ABC):
     ) -> torch.Tensor:
         """:math:`a_k` for candidate ``index`` (from 1) of ``counts`` (``[B, V]``), pointwise:
         every input may also be given at chosen tokens only (``[B, 1]``, ``resolved`` gathered
-        by :func:`resolved_at`). ``target`` and ``draft`` are ``None`` where
-        :attr:`reads_tables` is false."""
+        by :func:`resolved_at`). ``target`` (``draft``) is ``None`` where
+        :attr:`reads_target` (:attr:`reads_draft`) is false."""
 
 
 class Greedy(Policy):
     """:math:`a_k = t_k` (:class:`specsampling.schemes.resispec.Greedy`)."""
 
-    reads_tables = False
+    reads_target = reads_draft = False
     bounded = True
 
     def sub_target(self, resolved, target, draft, current, proposal, index, counts):
@@ -168,6 +175,7 @@ class Greedy(Policy):
 class ConstantRatio(Policy):
     r""":math:`a_k = \min(t_k, q_k, p/\rho)`, :math:`\rho^*` batched when ``rho`` is ``None``."""
 
+    reads_draft = False
     bounded = True  # a minimum with t_k of non-negative terms (rho > 0)
 
     def __init__(self, policy: Any) -> None:
@@ -194,7 +202,7 @@ class ConfidenceDamping(Policy):
     """:math:`a_k = s_k t_k` on the draft's high-confidence set for every candidate but the last
     (:class:`specsampling.schemes.resispec.ConfidenceDamping`)."""
 
-    reads_tables = False
+    reads_target = reads_draft = False
     bounded = True
 
     def __init__(self, policy: Any) -> None:
@@ -222,6 +230,7 @@ class Optimised(Policy):
     the resolved ``(kind, rho, scale, threshold)`` are applied batched."""
 
     num_parameters = 4
+    reads_draft = False
     bounded = True  # the ratio's rule or a damping by a scale in [0, 1]
 
     def node_parameters(
@@ -550,8 +559,9 @@ class ResiSpec(NodeLowering):
                 continue
             rows_current, rows_proposal, rows_token = current[rows], proposal[rows], token[rows]
             rows_target = rows_draft = None  # read only by the policies that say so
-            if self.policy.reads_tables:  # static: the policy's; t_1 = p, q_1 = q (no copy)
+            if self.policy.reads_target:  # static: the policy's; t_1 = p (no second copy)
                 rows_target = rows_current if current is target else target[rows]
+            if self.policy.reads_draft:  # static: the policy's; q_1 = q (no second copy)
                 rows_draft = rows_proposal if proposal is draft else draft[rows]
             _, rest, mass = self.stage(
                 resolved_rows(resolved, rows), rows_target, rows_draft, rows_current,
