@@ -356,7 +356,14 @@ class ResiSpec(NodeLowering):
             return registered
         return reference.ResiSpec(self.policy.reference)
 
-    hot_path: ClassVar[tuple[str, ...]] = ("walk", "step", "stage", "reuse", "shaped_rest")
+    hot_path: ClassVar[tuple[str, ...]] = (
+        "walk",
+        "step",
+        "decide",
+        "stage",
+        "reuse",
+        "shaped_rest",
+    )
 
     def node_extras(
         self,
@@ -465,14 +472,9 @@ class ResiSpec(NodeLowering):
             )  # [B, V], [B, V], [B, 1]
             kept_x = ops.gather_tokens(kept, token)  # [B]
             proposal_x = ops.gather_tokens(proposal, token)  # [B]
-            u = uniforms[:, slot]  # [B]
-            testing = staging & (accepted == PAD)  # [B]
-            passes = self.accepts(u, kept_x, proposal_x)  # [B]
-            accepted = torch.where(testing & passes, slot, accepted)
-            rejected = testing & ~passes  # [B]
-            reused = self.reuse(u, accept_probability(kept_x, proposal_x))  # [B]
-            copies = rejected[:, None] & later_copies(candidate_tokens, slot)  # [B, C]
-            uniforms = torch.where(copies, reused[:, None], uniforms)  # [B, C]
+            accepted, _, uniforms = self.decide(
+                slot, kept_x, proposal_x, staging, accepted, uniforms, candidate_tokens
+            )  # [B], [B, C]
             goes_on = staging & (mass[:, 0] > 0)  # [B]
             safe_mass = torch.where(mass > 0, mass, torch.ones_like(mass))  # [B, 1]
             current = torch.where(goes_on[:, None], rest / safe_mass, current)  # [B, V]
@@ -480,6 +482,28 @@ class ResiSpec(NodeLowering):
             proposal = torch.where((goes_on & without)[:, None], removed, proposal)  # [B, V]
             staging = goes_on
         return NodeStep(accepted, current)
+
+    def decide(
+        self,
+        slot: int,
+        kept_x: torch.Tensor,  # [B]: m_k(x_k)
+        proposal_x: torch.Tensor,  # [B]: q_k(x_k)
+        staging: torch.Tensor,  # [B] bool: the row's plan reaches this slot
+        accepted: torch.Tensor,  # [B]: the accepted slot so far, or PAD
+        uniforms: torch.Tensor,  # [B, C]
+        candidate_tokens: torch.Tensor,  # [B, C]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The accept test of slot ``slot`` for the rows still testing, ``u q_k(x) < m_k(x)``:
+        ``(accepted, rejected [B] bool, uniforms)``, a rejected token's later copies reading the
+        rescaled uniform (:func:`.spectr.reuse_uniform`)."""
+        u = uniforms[:, slot]  # [B]
+        testing = staging & (accepted == PAD)  # [B]
+        passes = self.accepts(u, kept_x, proposal_x)  # [B]
+        accepted = torch.where(testing & passes, slot, accepted)
+        rejected = testing & ~passes  # [B]
+        reused = self.reuse(u, accept_probability(kept_x, proposal_x))  # [B]
+        copies = rejected[:, None] & later_copies(candidate_tokens, slot)  # [B, C]
+        return accepted, rejected, torch.where(copies, reused[:, None], uniforms)
 
     def stage(
         self,
@@ -544,15 +568,10 @@ class ResiSpec(NodeLowering):
                 draft.gather(-1, column), current_x, proposal_x, slot + 1, counts,
             )  # fmt: skip
             kept_x = torch.minimum(torch.minimum(sub_x.clamp_min(0), current_x), proposal_x)
-            kept_x, proposal_x = kept_x[:, 0], proposal_x[:, 0]  # [B] each
-            u = uniforms[:, slot]  # [B]
-            testing = staging & (accepted == PAD)  # [B]
-            passes = self.accepts(u, kept_x, proposal_x)  # [B]
-            accepted = torch.where(testing & passes, slot, accepted)
-            rejected = testing & ~passes  # [B]
-            reused = self.reuse(u, accept_probability(kept_x, proposal_x))  # [B]
-            copies = rejected[:, None] & later_copies(candidate_tokens, slot)  # [B, C]
-            uniforms = torch.where(copies, reused[:, None], uniforms)  # [B, C]
+            accepted, rejected, uniforms = self.decide(
+                slot, kept_x[:, 0], proposal_x[:, 0], staging, accepted, uniforms,
+                candidate_tokens,
+            )  # fmt: skip
             rows = rejected.nonzero()[:, 0]  # [R], the host read
             staging = torch.zeros_like(staging)  # [B]: only a rejecting row tests on
             if rows.shape[0] == 0:
