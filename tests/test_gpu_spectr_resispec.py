@@ -666,6 +666,47 @@ def test_fused_rejection_rounds_as_the_reference_formula(dtype: torch.dtype) -> 
     assert torch.equal(lowered_spectr.rejection(target, draft, rho), expected)
 
 
+def test_optimised_plans_nodes_side_by_side_as_one_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """:func:`plan_nodes` on several threads returns the one loop's rules in the same order
+    (nodes of a real-size pair), and the threaded planning keeps the walk path-wise equal."""
+    pair = ss.pairs.Random(1500, seed=3)  # above MEMO_VOCAB: every call plans afresh
+    rng = np.random.default_rng(3)
+    rows = [ss.Shape.branching((3, 2), replacement=True).draft(pair, rng) for _ in range(2)]
+    jobs = [
+        (*tables(pair, tree), node)
+        for tree in rows
+        for node in range(tree.num_nodes)
+        if len(tree.candidates[node]) >= 2
+    ]
+    jobs = [(target[node], draft[node], 2 + index % 3) for index, (target, draft, node) in
+            enumerate(jobs)]  # fmt: skip
+    at_node = reference.Optimised().at_node
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = lowered.plan_nodes(at_node, jobs)
+        torch.set_num_threads(2)
+        calls: list[int] = []
+        pooled = lowered.ThreadPoolExecutor
+
+        class Counted(pooled):  # type: ignore[misc, valid-type]
+            def __init__(self, workers: int) -> None:
+                calls.append(workers)
+                super().__init__(workers)
+
+        monkeypatch.setattr(lowered, "ThreadPoolExecutor", Counted)
+        side_by_side = lowered.plan_nodes(at_node, jobs)
+        assert calls == [2] and len(jobs) >= 4
+        assert side_by_side == alone
+        monkeypatch.setattr(lowered, "PLAN_THREADS_FROM", 0)  # every planned node, pooled
+        lowering = lowered.ResiSpec()
+        rounds = mixed_rounds(lowering, ss.pairs.Random(3, seed=5), 5)
+        assert mismatches(lowering, rounds) == []
+        assert len(calls) > 1
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_optimised_plans_only_nodes_with_two_candidates(monkeypatch: pytest.MonkeyPatch) -> None:
     """One candidate slot: no reference call (no host step); otherwise one call per node with
     two or more candidates, with that node's rows, and greedy elsewhere."""
