@@ -268,7 +268,7 @@ class StandardChain:
     sync-free) or until no row hits (``rounds=None``, one host check per round).
     """
 
-    hot_path: ClassVar[tuple[str, ...]] = ("tests", "stop_round", "pack")
+    hot_path: ClassVar[tuple[str, ...]] = ("tests", "passes", "stop_round", "pack")
 
     def tests(self, tables: ChainTables, accept_uniforms: torch.Tensor) -> torch.Tensor:
         """The accept test of every real draft, ``[B, γ]`` bool (``accept_uniforms [B, γ]``)."""
@@ -278,7 +278,13 @@ class StandardChain:
         real = lanes[None, :] < tables.num_drafts[:, None]  # [B, γ]
         target_x = tables.target_flat[tables.target_index[:, :gamma], tokens]  # [B, γ]
         draft_x = self.drafted_mass(tables, accept_uniforms)  # [B, γ]
-        return real & ops.accepts(accept_uniforms, target_x, draft_x)  # [B, γ]
+        return real & self.passes(accept_uniforms, target_x, draft_x)  # [B, γ]
+
+    def passes(
+        self, accept_uniforms: torch.Tensor, target_x: torch.Tensor, draft_x: torch.Tensor
+    ) -> torch.Tensor:
+        r"""The lanes' test :math:`u\,q(x) < p(x)` (:func:`~specsampling.gpu.ops.accepts`)."""
+        return ops.accepts(accept_uniforms, target_x, draft_x)
 
     # ---------------------------------------------------------- host dispatch (no tensor values)
     def drafted_mass(self, tables: ChainTables, like: torch.Tensor) -> torch.Tensor:
@@ -512,6 +518,34 @@ class StandardChain:
 
 #: The engine :func:`verify_chain` uses for :data:`STANDARD_RULE` schemes.
 STANDARD_CHAIN = StandardChain()
+
+
+class ShapedChain(StandardChain):
+    r"""The standard engine with ResiSpec's one-candidate test, :math:`u\,q(x) < m_1(x)`,
+    :math:`m_1 = \min(p, q)` (:meth:`ResiSpec.shaped_accepts
+    <specsampling.gpu.schemes.resispec.ResiSpec.shaped_accepts>`): the standard test wherever
+    :math:`q(x) > 0`, a rejection where the draft gives its token no mass (which the standard
+    test accepts); the residual :math:`(p - q)_+` is the same."""
+
+    def passes(
+        self, accept_uniforms: torch.Tensor, target_x: torch.Tensor, draft_x: torch.Tensor
+    ) -> torch.Tensor:
+        return ops.accepts(accept_uniforms, torch.minimum(target_x, draft_x), draft_x)
+
+    def host_passes(self, tables: ChainTables, host: HostChain, row: int, lane: int) -> bool:
+        target_x, draft_x = host.gathered[row][0][lane], host.gathered[row][1][lane]
+        return host.accept[row][lane + 1] * draft_x < min(target_x, draft_x)
+
+
+#: The engine :func:`verify_chain` uses for ResiSpec where :func:`takes_standard_rule`.
+SHAPED_CHAIN = ShapedChain()
+
+
+def standard_rule_engine(lowering: Any) -> StandardChain:
+    r"""The engine of a lowering that :func:`takes_standard_rule`: :data:`SHAPED_CHAIN` for
+    ResiSpec (a drafted token of no draft mass is rejected), :data:`STANDARD_CHAIN` for the
+    others (their references accept it: :math:`u \cdot 0 < p(x)`)."""
+    return SHAPED_CHAIN if type(lowering) is ResiSpec else STANDARD_CHAIN
 
 
 class GreedyChain(StandardChain):
@@ -1058,7 +1092,7 @@ def verify_chain(
     if (takes_standard_rule(lowering) or greedy_tables) and gamma > 0:
         tables = padded_tables(draft_tokens, num_drafts, target_probs, draft_probs)
         tables = tables._replace(dtype=dtype)
-        engine = GREEDY_CHAIN if greedy_tables else STANDARD_CHAIN
+        engine = GREEDY_CHAIN if greedy_tables else standard_rule_engine(lowering)
         verified, _ = engine.run(tables, noise, None if validate else 1)
         return verified
     engine = CHAIN_RULES.get(type(lowering))
@@ -1117,10 +1151,12 @@ __all__ = [
     "CHAIN_RULES",
     "GREEDY_CHAIN",
     "HOST_PLANNED_STANDARD",
+    "SHAPED_CHAIN",
     "STANDARD_CHAIN",
     "STANDARD_RULE",
     "ChainTables",
     "GreedyChain",
+    "ShapedChain",
     "StandardChain",
     "chain_batch",
     "chain_noise",
@@ -1130,6 +1166,7 @@ __all__ = [
     "general_chain",
     "padded_tables",
     "residual_weights",
+    "standard_rule_engine",
     "stop_distribution",
     "verify_chain",
 ]

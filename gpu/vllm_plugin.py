@@ -77,7 +77,7 @@ from specsampling.errors import UnsupportedShape
 from specsampling.tree import DrawLaw
 
 from . import ops
-from .chain import STANDARD_CHAIN, ChainTables, takes_standard_rule, verify_chain
+from .chain import ChainTables, standard_rule_engine, takes_standard_rule, verify_chain
 from .noise import Noise
 from .schemes import SCHEMES as LOWERINGS
 from .schemes import tree_lowering
@@ -358,7 +358,7 @@ def verify_step(
             bonus_tokens=None,
             dtype=ops.compute_dtype(probs, *((draft_probs,) if has_draft else ())),
         )
-        tokens = STANDARD_CHAIN.run(tables, noise, 1)[0].tokens
+        tokens = standard_rule_engine(lowering).run(tables, noise, 1)[0].tokens
     else:
         vocab = probs.shape[-1]
         target_probs = probs.index_select(0, layout.target_index.reshape(-1))

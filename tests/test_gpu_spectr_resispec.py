@@ -378,6 +378,63 @@ def test_a_fixed_ratio_run_as_the_standard_rule_is_caught(monkeypatch) -> None:
     assert mismatches(lowering, rounds) != []
 
 
+STANDARD_AT_ONE = [low for low in RESISPEC if low.standard_at_one_candidate]
+
+
+@pytest.mark.parametrize("lowering", STANDARD_AT_ONE, ids=label)
+def test_a_drafted_token_of_no_draft_mass_is_rejected_as_the_reference(
+    lowering: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ResiSpec's one-candidate test is u q(x) < min(p, q)(x): a token the draft gives no mass
+    is rejected (the standard test, u * 0 < p(x), would accept it), on the tree walk's
+    one-candidate levels (both routes) and on the chain engines (batched and host rows)."""
+    p, q = np.array([0.6, 0.2, 0.2]), np.array([0.5, 0.5, 0.0])
+    tree = ss.DraftTree.from_draws([(0, 2)], law="iid")
+    noise = ss.Noise.checked([0.3, 0.3], [0.1, 0.1], 2)
+    rounds: list[Round] = [(tree, np.stack([p, p]), np.stack([q, q]), noise)]
+    expected = tuple(lowering.reference_scheme.verify(*rounds[0]))
+    assert expected == (0, 0)  # rejected, then the residual's draw
+    assert mismatches(lowering, rounds) == []
+    for rows in (1, 64):  # the chain engine's host route, then its batched route
+        target = torch.tensor(np.stack([p, p]))[None].expand(rows, -1, -1)
+        out = ssg.verify_chain(
+            lowering,
+            torch.full((rows, 1), 2),
+            target,
+            torch.tensor(q)[None, None].expand(rows, 1, -1),
+            ssg.Noise(
+                torch.full((rows, 2), 0.3, dtype=torch.float64),
+                torch.full((rows, 2), 0.1, dtype=torch.float64),
+            ),
+            validate=False,
+        )
+        assert out.node.tolist() == [0] * rows and out.token.tolist() == [0] * rows
+    monkeypatch.setattr(lowered.ResiSpec, "rejecting_rows_only", lambda self, target: False)
+    assert mismatches(lowering, rounds) == []
+
+
+def test_constant_ratio_rho_star_of_rows_off_one_as_the_reference() -> None:
+    """The reference's rho* is that of its validated rows, each divided by its sum; float64
+    rows whose sums are one only to rounding give the same verdicts (the raw rows' rho*
+    differs in the tenth digit and flips a test at u near one)."""
+    p = np.array([0.22921564389593033, 0.7707843561040696])
+    q = np.array([0.22921564389592924, 0.7707843561040708])
+    assert p.sum() != 1.0
+    tree = ss.DraftTree.from_draws([(0, 1), (0, 0)], law="iid")
+    lowering = lowered.ResiSpec(reference.ConstantRatio())
+    rounds: list[Round] = [
+        (tree, np.stack([p] * 3), np.stack([q] * 3), ss.Noise.checked([0, u, 0], [0.5] * 3, 3))
+        for u in (1 - 1e-9, 1 - 1e-10, 0.5)
+    ]
+    assert mismatches(lowering, rounds) == []
+
+
+def test_a_non_positive_fixed_ratio_is_refused() -> None:
+    for rho in (0, -1.0):
+        with pytest.raises(ValueError, match="rho"):
+            lowered.ResiSpec(reference.ConstantRatio(rho=rho))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_bounded_policies_stay_within_the_running_target(dtype: torch.dtype) -> None:
     """Every policy that declares itself ``bounded`` gives 0 <= a_k <= t_k in every bit on

@@ -115,8 +115,8 @@ class Policy(ABC):
     #: Per-node parameter columns this policy reads from :meth:`node_parameters`.
     num_parameters: ClassVar[int] = 0
     #: Whether :meth:`sub_target` reads the node's ``target`` / ``draft`` rows (the CPU route of
-    #: :meth:`ResiSpec.host_step` passes ``None`` for a table a policy does not read, so that it
-    #: gathers no copy of it).
+    #: :meth:`ResiSpec.host_step` passes ``None`` to a stage for a table a policy does not read,
+    #: so that it gathers no copy of its rows; the accept test reads one column of each).
     reads_target: ClassVar[bool] = True
     reads_draft: ClassVar[bool] = True
     #: Whether :meth:`sub_target` is always within :math:`0 \le a_k \le t_k` in every bit (for
@@ -183,8 +183,17 @@ class ConstantRatio(Policy):
     def __init__(self, policy: Any) -> None:
         super().__init__(policy)
         self.rho = None if policy.rho is None else float(policy.rho)
+        if self.rho is not None and not self.rho > 0:  # the reference's contract check fails
+            raise ValueError(f"rho: a positive ratio, or None for rho*, got {policy.rho!r}")
 
     def at_node(self, target, draft, counts, max_count, parameters):
+        if self.rho is None and target.dtype == torch.float64:  # static: the reference's rho*
+            # of its validated rows, each divided by its (numpy-order) sum, as check_pair does
+            target, draft = (
+                rows / torch.where(total > 0, total, 1.0)[:, None]
+                for rows in (target, draft)
+                for total in (ops.numpy_sum(rows),)
+            )
         if self.rho is None:  # static: the policy object's parameter
             return optimal_rho(target, draft, counts, max_count)  # [B]
         return torch.full_like(target[:, 0], self.rho)  # [B]
@@ -417,13 +426,21 @@ class ResiSpec(NodeLowering):
         every policy but ``ConstantRatio`` with a fixed :math:`\rho` gives
         :math:`\min(p, q) \le a_1 \le t_1 = p` there (greedy and damping's undamped last
         candidate :math:`a_1 = p`, SpecTr's :math:`\rho^* = 1` :math:`a_1 = \min(p, q)`, the
-        optimiser's greedy), so :math:`m_1 = \min(p, q)`: the test
-        :math:`u\,q(x) < \min(p, q)(x)` is :math:`u\,q(x) < p(x)` and the rest
-        :math:`p - \min(p, q)` is :math:`(p - q)_+` in every bit, normalised the same way. A
-        level whose nodes hold at most one candidate then runs
-        :func:`~.base.standard_step` (as chains take the standard engine)."""
+        optimiser's greedy), so :math:`m_1 = \min(p, q)`: the rest :math:`p - \min(p, q)` is
+        :math:`(p - q)_+` in every bit, normalised the same way, and the test
+        :math:`u\,q(x) < \min(p, q)(x)` (:meth:`shaped_accepts`) is the standard
+        :math:`u\,q(x) < p(x)` wherever :math:`q(x) > 0`. A level whose nodes hold at most one
+        candidate then runs :func:`~.base.standard_step` with that test."""
         policy = self.policy
         return not (isinstance(policy, ConstantRatio) and policy.rho is not None)
+
+    def shaped_accepts(
+        self, u: torch.Tensor, target_x: torch.Tensor, draft_x: torch.Tensor
+    ) -> torch.Tensor:
+        r"""The one-candidate test with :math:`m_1 = \min(p, q)`, :math:`u\,q(x) < m_1(x)`: the
+        standard test wherever :math:`q(x) > 0`, and a rejection of a token the draft gives no
+        mass (which the standard test would accept)."""
+        return self.accepts(u, torch.minimum(target_x, draft_x), draft_x)
 
     def level_extras(
         self, extras: Any, depth: int, node: torch.Tensor, done: torch.Tensor
@@ -467,8 +484,9 @@ class ResiSpec(NodeLowering):
         num_slots = candidate_tokens.shape[1]
         if num_slots == 1 and self.standard_at_one_candidate:  # static: the level's slots
             return standard_step(
-                self.accepts, target, draft, candidate_tokens, candidate_valid, accept_uniforms
-            )
+                self.shaped_accepts, target, draft, candidate_tokens, candidate_valid,
+                accept_uniforms,
+            )  # fmt: skip
         without = extras[:, 0] > 0  # [B]
         parameters = extras[:, 1:]  # [B, P]
         counts = candidate_valid.sum(-1)  # [B]
