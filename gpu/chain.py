@@ -24,8 +24,9 @@ deciding that another round is needed is one host check, skipped with ``validate
 Which schemes take a fast path. Those whose rule on a one-candidate chain *is* the standard
 rule, noise lane for noise lane: ``standard``, ``specinfer`` and ``rsd`` (recursive rejection with
 one candidate), ``spectr`` (:math:`\rho^* = 1` with one candidate) and ``resispec`` (every policy
-but a fixed-ratio ``ConstantRatio``), ``spechub``, ``ot_optimal``, ``ot_binned`` and ``khisti``
-(their plans start at two candidates; one candidate is ``standard_step``):
+but a fixed-ratio ``ConstantRatio``; its test reads :math:`\min(p, q)`, so a drafted token of no
+draft mass is rejected: :class:`ShapedChain`), ``spechub``, ``ot_optimal``, ``ot_binned`` and
+``khisti`` (their plans start at two candidates; one candidate is ``standard_step``):
 :func:`takes_standard_rule`, here; ``nss``, ``block`` and ``traversal`` have their own chain
 engines (:mod:`specsampling.gpu.chain_rules`: gathered values, a fused row pass for each of
 block/traversal's masses that can decide the verdict, one stop row). ``greedy`` (Hu et al.),
@@ -99,7 +100,9 @@ def takes_standard_rule(lowering: Any) -> bool:
     r"""Whether ``lowering`` verifies a chain by the standard rule, noise lane for noise lane:
     :data:`STANDARD_RULE`; SpecTr and ResiSpec, whose rules on one candidate per node reduce
     to it bit for bit (SpecTr's :math:`\rho^* = 1`; ResiSpec's policies all give
-    :math:`\rho = 1` there, except ``ConstantRatio`` with a fixed :math:`\rho`); and SpecHub,
+    :math:`m_1 = \min(p, q)` there, except ``ConstantRatio`` with a fixed :math:`\rho`, so
+    its test is the standard one wherever :math:`q(x) > 0`: :func:`standard_rule_engine`); and
+    SpecHub,
     OT-optimal, OT-binned and Khisti et al.'s verifier, whose references run
     ``standard_step`` with the child's accept and the node's sample uniform at every node with
     one candidate (their plans only start at two). Greedy (Hu et al.) is not among them: a
