@@ -115,8 +115,8 @@ class Policy(ABC):
     #: Per-node parameter columns this policy reads from :meth:`node_parameters`.
     num_parameters: ClassVar[int] = 0
     #: Whether :meth:`sub_target` reads the node's ``target`` / ``draft`` rows (the CPU route of
-    #: :meth:`ResiSpec.host_step` passes ``None`` to a stage for a table a policy does not read,
-    #: so that it gathers no copy of its rows; the accept test reads one column of each).
+    #: :meth:`ResiSpec.host_step` passes ``None`` for a table a policy does not read, so that it
+    #: gathers no copy of it).
     reads_target: ClassVar[bool] = True
     reads_draft: ClassVar[bool] = True
     #: Whether :meth:`sub_target` is always within :math:`0 \le a_k \le t_k` in every bit (for
@@ -189,11 +189,8 @@ class ConstantRatio(Policy):
     def at_node(self, target, draft, counts, max_count, parameters):
         if self.rho is None and target.dtype == torch.float64:  # static: the reference's rho*
             # of its validated rows, each divided by its (numpy-order) sum, as check_pair does
-            target, draft = (
-                rows / torch.where(total > 0, total, 1.0)[:, None]
-                for rows in (target, draft)
-                for total in (ops.numpy_sum(rows),)
-            )
+            target = ops.normalise_in_place(target.clone(), target)  # [B, V]
+            draft = ops.normalise_in_place(draft.clone(), draft)  # [B, V]
         if self.rho is None:  # static: the policy object's parameter
             return optimal_rho(target, draft, counts, max_count)  # [B]
         return torch.full_like(target[:, 0], self.rho)  # [B]
@@ -387,6 +384,7 @@ class ResiSpec(NodeLowering):
         "step",
         "decide",
         "stage",
+        "kept",
         "reuse",
         "shaped_rest",
     )
@@ -555,12 +553,18 @@ class ResiSpec(NodeLowering):
         """One stage of the given rows: ``(m_k, t_k - m_k, its mass [R, 1])``, the mass in
         numpy's order in float64."""
         sub = self.policy.sub_target(resolved, target, draft, current, proposal, index, counts)
-        if self.policy.bounded:  # static: the policy's; the clamp into [0, t_k] is exact
-            kept = torch.minimum(sub, proposal)  # [R, V]
-        else:
-            kept = torch.minimum(torch.minimum(sub.clamp_min(0), current), proposal)  # [R, V]
+        kept = self.kept(sub, current, proposal)  # [R, V]
         rest = self.shaped_rest(current, kept, token)  # [R, V]
         return kept, rest, ops.numpy_sum(rest)[:, None]
+
+    def kept(
+        self, sub: torch.Tensor, current: torch.Tensor, proposal: torch.Tensor
+    ) -> torch.Tensor:
+        r""":math:`m_k = \min(a_k, q_k)` with :math:`a_k` clamped into :math:`[0, t_k]` (the
+        contract), in one pass for a ``bounded`` policy, whose clamp is exact."""
+        if self.policy.bounded:  # static: the policy's
+            return torch.minimum(sub, proposal)
+        return torch.minimum(torch.minimum(sub.clamp_min(0), current), proposal)
 
     def rejecting_rows_only(self, target: torch.Tensor) -> bool:
         """Whether :meth:`step` forms each stage's update for the rows that reject only
@@ -600,10 +604,12 @@ class ResiSpec(NodeLowering):
             column = token[:, None]  # [B, 1]
             current_x, proposal_x = current.gather(-1, column), proposal.gather(-1, column)
             sub_x = self.policy.sub_target(
-                resolved_at(resolved, column), target.gather(-1, column),
-                draft.gather(-1, column), current_x, proposal_x, slot + 1, counts,
+                resolved_at(resolved, column),
+                target.gather(-1, column) if self.policy.reads_target else None,
+                draft.gather(-1, column) if self.policy.reads_draft else None,
+                current_x, proposal_x, slot + 1, counts,
             )  # fmt: skip
-            kept_x = torch.minimum(torch.minimum(sub_x.clamp_min(0), current_x), proposal_x)
+            kept_x = self.kept(sub_x, current_x, proposal_x)  # [B, 1]
             accepted, rejected, uniforms = self.decide(
                 slot, kept_x[:, 0], proposal_x[:, 0], staging, accepted, uniforms,
                 candidate_tokens,
