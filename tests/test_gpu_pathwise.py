@@ -94,6 +94,8 @@ def test_pathwise_when_every_row_walks_every_depth(name: str, monkeypatch) -> No
     monkeypatch.setattr(recursive, "rejecting_rows_only", lambda self, target: False)
     resispec = ssg.schemes.resispec.ResiSpec
     monkeypatch.setattr(resispec, "rejecting_rows_only", lambda self, target: False)
+    spectr = ssg.schemes.spectr.SpecTr
+    monkeypatch.setattr(spectr, "rejecting_rows_only", lambda self, stopping: False)
     pair = ss.pairs.Random(3, seed=1)
     assert mismatches(name, mixed_rounds(name, pair, 1)) == []
 

@@ -32,7 +32,7 @@ from specsampling.schemes.spectr import RHO_TOLERANCE
 
 from .. import ops
 from ..tree import PAD
-from .base import NodeLowering, NodeStep
+from .base import NodeLowering, NodeStep, standard_step
 
 #: The reference's bisection width as a float (:data:`~specsampling.schemes.spectr.RHO_TOLERANCE`).
 TOLERANCE = float(RHO_TOLERANCE)
@@ -182,7 +182,8 @@ def bisection_rho(
     return torch.where(settled, torch.ones_like(high), high)  # [B]
 
 
-#: The relative bracket width at which :func:`newton_rho` stops (a few float32 ulps).
+#: The relative width at which :func:`newton_rho` stops: its feasible point within this of an
+#: infeasible one or of a lower bound on :math:`\rho^*` (a few float32 ulps).
 NEWTON_WIDTH = 2.0**-21
 
 
@@ -200,55 +201,63 @@ def newton_rho(
     max_count: int,
     max_passes: int,
 ) -> torch.Tensor:
-    r""":func:`optimal_rho` on the CPU below float64: a safeguarded Newton iteration on the
-    float32 feasibility test, to a bracket of relative width :data:`NEWTON_WIDTH`.
+    r""":func:`optimal_rho` on the CPU below float64: Newton's method on tangent models of the
+    float32 feasibility test, to a relative width of :data:`NEWTON_WIDTH`.
 
     Feasibility, :math:`\gamma(\rho) \le \rho`, is :math:`F(t) = t\,\gamma(1 - \beta(t)) \le 1`
     in :math:`t = 1/\rho`, where :math:`\beta(t) = \sum_x \min(p(x)\,t, q(x))` is concave and
     piecewise linear with :math:`\beta(0) = 0`. :math:`F` is nondecreasing (with
     :math:`t\beta'(t) \le \beta(t)` and :math:`\gamma(r) - (1 - r)\gamma'(r) = k r^{k-1} \ge 0`,
     :math:`F' \ge 0`), so the feasible set is :math:`\rho \ge \rho^*` and any bracketing
-    method finds the bisection's root. Each pass gives :math:`1 - \beta` and, where Newton will
-    step from that point, its exact slope :math:`\sum_{q > p/\rho} p` (:func:`beta_slope`, from
-    the same buffer); Newton steps from the feasible end
-    ``high`` (from :math:`\rho = 1` until one is found) fall inside the bracket, else the step is
-    a bisection; once Newton has converged onto ``high`` it probes just below it (``width / 2``,
-    four times farther each time it lands feasible again, the float32 test being flat at ties),
-    which closes the bracket. It stops when every row's bracket is at most :data:`NEWTON_WIDTH`
-    of its ``high``, or after ``max_passes`` passes (twice the bisection's), and returns ``high``:
-    as the bisection's, a value the same float32 test (:func:`gamma` of :func:`rejection`) found
-    feasible, or ``k``, so the residual :math:`p - \gamma\min(p/\rho, q)` keeps its sign; 1 where
-    :math:`\rho = 1` is feasible or the supports are disjoint.
+    method finds the bisection's root. Each pass over the rows tests one point per row and gives
+    :math:`1 - \beta` there and its exact slope :math:`\sum_{q > p/\rho} p`
+    (:func:`beta_slope`, from the same buffer). By concavity the tangent
+    :math:`\beta(t_j) + \beta'(t_j)(t - t_j)` bounds :math:`\beta` from above everywhere, so
+    the root of the model :math:`t\,\gamma(1 - \beta(t_j) - \beta'(t_j)(t - t_j)) = 1`
+    (:func:`tangent_bound`, solved on the host; the model keeps :math:`F`'s monotony) is a lower
+    bound on :math:`\rho^*` -- exact once :math:`t_j` lies on the root's linear piece, and
+    converging like Newton's method from either side. The next point is the best bound times
+    :math:`1 + 2^{-22}`: feasible as soon as the bound is within that of the root. A row is done
+    when its feasible end ``high`` is within :data:`NEWTON_WIDTH` of the bound or of its
+    infeasible end ``low``; a bound no better than ``low`` (float32 rounding) makes it probe
+    just above ``low`` (four times farther each time it lands infeasible again), and a point
+    outside the bracket is replaced by its midpoint. It stops when every row is done, or after
+    ``max_passes`` passes (twice the bisection's), and returns ``high``: as the bisection's, a
+    value the same float32 test (:func:`gamma` of :func:`rejection`) found feasible, or ``k``,
+    so the residual :math:`p - \gamma\min(p/\rho, q)` keeps its sign; 1 where :math:`\rho = 1`
+    is feasible or the supports are disjoint (a row without slope at :math:`\rho = 1`, as
+    disjoint supports give, is checked for overlap by one pass over those rows).
 
-    Measured against the bisection on correlated pairs at :math:`V = 32{,}000` and batches of
-    32 rows: 5--15 passes instead of 27--29 (a row needs 4 at the median; the later passes run
-    on the few rows still searching: they are gathered once at most a quarter of those in the
-    pass remain), a pass with the slope about twice a bisection step; on the benchmark's trees
-    the search takes half the bisection's time or less, while at :math:`k = 9` and
-    :math:`V = 50{,}000` an independent review measured no gain (its slowest rows took 53
-    passes, under the cap). :math:`\rho` lies within :math:`2^{-22}`--:math:`2^{-18}` of the
-    float64 :math:`\rho^*` where the float32 bisection does (its own distance). On
+    Measured on the trees benchmark's levels (:math:`V = 32{,}000`, 19--32 searching rows,
+    :math:`k = 2, 3, 4`): 4, 5 and 5 passes over the level's rows, against 5, 7--8 and 11 for
+    the previous safeguarded Newton iteration on :math:`F` from the feasible end (which needed a
+    probe below the converged end to close its bracket) and 27--29 for the bisection; on fuzzed
+    batches (:math:`V` from 2 to 32,000, :math:`k` up to 12, peaked, flat, sparse, equal and
+    disjoint rows) 3.1 passes on average and 21 at most, against 9.9 and 60.
+    :math:`\rho` lies within :math:`2^{-21}` of the float64 :math:`\rho^*` where the float32
+    test is well conditioned (the float32 bisection's own distance is of the same size). On
     ill-conditioned rows (:math:`\gamma(\rho) \approx \rho` over a wide interval: tiny
     vocabularies with large :math:`k`, peaked rows) the float32 test itself flips between
     feasible and infeasible along :math:`\rho`, and the search and the float32 bisection may
     stop at different feasible points, both possibly far from the float64 root: exactness holds
-    (the point is feasible), the acceptance is that of the point found. The scalar steps run
-    on the host in float64 (a host read per pass, free on the CPU).
+    (the point is feasible), the acceptance is that of the point found. The scalar work runs on
+    the host in float64 (a host read per pass, free on the CPU).
     """
     work = torch.empty_like(draft)  # [B, V]
-    overlap = torch.minimum(target, draft, out=work).sum(-1) > 0  # [B]
     k = counts.numpy().astype(np.int64)  # [B]
     ones = torch.ones(target.shape[0], dtype=target.dtype)  # [B]
     rejected = rejection(target, draft, ones, work)  # [B]; work holds the terms
     feasible = (gamma(rejected, counts, max_count) <= ones).numpy()  # [B]
-    slope = beta_slope(work, target)  # [B]
-    searching = overlap.numpy() & ~feasible & (k > 1)  # [B]
+    slope = beta_slope(work, target).double().numpy()  # [B]
+    searching = ~feasible & (k > 1)  # [B]
+    flat = np.flatnonzero(searching & (slope == 0))  # disjoint supports give no slope
+    if len(flat):  # rare: whether those rows overlap at all (one pass over them only)
+        index = torch.from_numpy(flat)
+        searching[flat] = (torch.minimum(target[index], draft[index]).sum(-1) > 0).numpy()
     # [1, k] where searching (k is feasible: gamma <= k for any rejection mass), else done at 1
-    low = np.ones(len(k))  # [B]
-    high = np.where(searching, k, 1.0)  # [B]
-    result = high.copy()  # [B]
+    state = _NewtonState(np.where(searching, k, 1.0), rejected.double().numpy(), slope, k)
+    result = state.high.copy()  # [B]
     rows = np.arange(len(k))  # the rows in the passes: all, until few are still searching
-    state = _NewtonState(low, high, rejected.double().numpy(), slope.double().numpy(), k)
     for _ in range(max_passes):
         done = state.done()  # [R]
         if done.all():
@@ -263,91 +272,103 @@ def newton_rho(
         rho = torch.from_numpy(point.astype(np.float32))  # [R]
         rejected = rejection(target, draft, rho, work)  # [R]; work holds the terms
         feasible = (gamma(rejected, counts, max_count) <= rho).numpy()  # [R]
-        steps = state.restarts(point, feasible)  # [R]: Newton steps on from these points
-        slopes = beta_slope(work, target).double().numpy() if steps.any() else state.slope
-        state.update(point, feasible, rejected.double().numpy(), slopes)
+        slope = beta_slope(work, target).double().numpy()  # [R]
+        state.update(point, feasible, rejected.double().numpy(), slope)
         result[rows] = state.high
     return torch.from_numpy(result.astype(np.float32))  # [B]
 
 
 class _NewtonState:
     """Per-row state of :func:`newton_rho`'s search (numpy float64 ``[R]`` arrays): the bracket
-    ``[low, high]`` (``low`` tested infeasible, ``high`` feasible or ``k``), the point Newton
-    steps from with its rejection mass and slope, and the probe distance multiplier."""
+    ``[low, high]`` (``low`` tested infeasible or 1, ``high`` tested feasible or ``k``), the best
+    lower bound on :math:`\rho^*` from the tangent models (:func:`tangent_bound`), and the probe
+    distance multiplier."""
 
-    def __init__(
-        self,
-        low: np.ndarray,
-        high: np.ndarray,
-        rejected: np.ndarray,
-        slope: np.ndarray,
-        k: np.ndarray,
-    ) -> None:
-        self.low, self.high, self.k = low, high, k
-        self.point, self.rejected, self.slope = low.copy(), rejected, slope
-        self.scale = np.ones_like(low)  # the probe distance, in half bracket widths
-        self.found = np.zeros(low.shape, dtype=bool)  # whether high was tested feasible
+    def __init__(self, high: np.ndarray, rejected: np.ndarray, slope: np.ndarray, k: np.ndarray):
+        self.low, self.high, self.k = np.ones_like(high), high, k
+        self.bound = tangent_bound(self.low, rejected, slope, k)  # from the test at rho = 1
+        self.scale = np.ones_like(high)  # the probe distance above low, in NEWTON_WIDTHs
 
     def take(self, keep: np.ndarray) -> _NewtonState:
         """The state of the rows ``keep``."""
-        state = _NewtonState(
-            self.low[keep], self.high[keep], self.rejected[keep], self.slope[keep], self.k[keep]
-        )
-        state.point, state.scale, state.found = self.point[keep], self.scale[keep], self.found[keep]
+        state = _NewtonState.__new__(_NewtonState)
+        state.low, state.high, state.k = self.low[keep], self.high[keep], self.k[keep]
+        state.bound, state.scale = self.bound[keep], self.scale[keep]
         return state
 
     def done(self) -> np.ndarray:
-        """Rows whose bracket is within :data:`NEWTON_WIDTH` of ``high``."""
-        return self.high - self.low <= NEWTON_WIDTH * self.high
+        """Rows whose ``high`` is within :data:`NEWTON_WIDTH` of ``low`` or of the bound."""
+        high = self.high
+        return (high - self.low <= NEWTON_WIDTH * high) | (high <= self.bound * (1 + NEWTON_WIDTH))
 
     def proposal(self) -> np.ndarray:
         """The next point per row, a float32 value strictly inside the bracket where one is
         left (a row done or without room proposes its ``high``, and keeps its state)."""
         low, high = self.low, self.high
-        t = 1 / self.point
-        value, derivative = _gamma_and_derivative(self.rejected, self.k)
-        excess = t * value - 1  # F(t) - 1
-        rise = value - t * self.slope * derivative  # F'(t)
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            step = 1 / (t - excess / rise)
-        middle = (low + high) / 2
-        step = np.where(np.isfinite(step) & (rise > 0) & (step > 0), step, middle)
-        margin = NEWTON_WIDTH * high / 2
-        probe = (self.point == high) & (step >= high - margin)  # converged onto high
-        step = np.where(probe, high - margin * self.scale, step)
+        step = self.bound * (1 + NEWTON_WIDTH / 2)  # feasible once the bound is that close
+        probe = step <= low * (1 + NEWTON_WIDTH / 2)  # a bound no better than low: probe above
+        step = np.where(probe, low * (1 + 0.9 * NEWTON_WIDTH * self.scale), step)
         self.scale = np.where(probe, 4 * self.scale, 1.0)
-        step = np.where((step > low) & (step < high), step, middle)
-        step = np.clip(step, low + margin, high - margin).astype(np.float32).astype(np.float64)
+        step = np.where((step > low) & (step < high), step, (low + high) / 2)
+        step = step.astype(np.float32).astype(np.float64)
         inside = (step > low) & (step < high) & ~self.done()
         return np.where(inside, step, high)
-
-    def restarts(self, point: np.ndarray, feasible: np.ndarray) -> np.ndarray:
-        """Rows whose Newton steps go on from ``point``: a new ``high``, or any new point while
-        no feasible one is known (only those need the slope there)."""
-        moved = (point > self.low) & (point < self.high)
-        return moved & (feasible | ~self.found)
 
     def update(
         self, point: np.ndarray, feasible: np.ndarray, rejected: np.ndarray, slope: np.ndarray
     ) -> None:
-        """Narrow each bracket by the test at ``point``; Newton steps on from a new ``high``
-        (or from any point while no feasible one is known)."""
-        restart = self.restarts(point, feasible)
+        """Narrow each bracket by the test at ``point`` and raise the bound by its tangent."""
         moved = (point > self.low) & (point < self.high)
-        lower = moved & feasible
+        self.high = np.where(moved & feasible, point, self.high)
         self.low = np.where(moved & ~feasible, point, self.low)
-        self.high = np.where(lower, point, self.high)
-        self.found = self.found | lower
-        self.point = np.where(restart, point, self.point)
-        self.rejected = np.where(restart, rejected, self.rejected)
-        self.slope = np.where(restart, slope, self.slope)
+        bound = tangent_bound(point, rejected, slope, self.k)
+        self.bound = np.where(moved, np.fmax(self.bound, bound), self.bound)
 
 
-def _gamma_and_derivative(rejected: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def tangent_bound(
+    rho: np.ndarray, rejected: np.ndarray, slope: np.ndarray, k: np.ndarray
+) -> np.ndarray:
+    r"""The lower bound on :math:`\rho^*` from the test at ``rho`` (``[R]`` float64 arrays on the
+    host): :math:`1/t` for the root :math:`t` of :math:`t\,\gamma(r + s\,(1/\rho - t)) = 1`,
+    the feasibility test with :math:`\beta` replaced by its tangent at :math:`1/\rho`
+    (:math:`r` = ``rejected``, :math:`s` = ``slope``), at least 1. Newton's method from
+    :math:`1/\rho` inside the bracket :math:`[0, 1]` of :math:`t`, a bisection step where it
+    would leave it, until the step is below :math:`10^{-10}` relative (a few iterations; the
+    float32 test's own rounding is a thousand times coarser).
+
+    >>> rho = tangent_bound(np.array([1.0]), np.array([0.5]), np.array([0.0]), np.array([2]))
+    >>> round(float(rho[0]), 9)  # beta flat: gamma(1/2) = 1.5 for k = 2
+    1.5
+    """
+    k_max = int(k.max(initial=1))
+    reach = rejected + slope / rho  # the model's r at t = 0: r(t) = reach - slope t
+    low, high = np.zeros_like(rho), np.ones_like(rho)  # t: F(0) - 1 < 0; a root past 1 is rho 1
+    value, _ = _gamma_and_derivative(reach - slope, k, k_max)
+    settled = value < 1  # F(1) < 1: the model's root lies beyond t = 1
+    t = np.where(settled, 1.0, np.minimum(1 / rho, 1.0))  # settled rows stay at t = 1
+    for _ in range(64):
+        value, derivative = _gamma_and_derivative(reach - slope * t, k, k_max)
+        excess = t * value - 1
+        low = np.where(excess < 0, t, low)
+        high = np.where(excess >= 0, t, high)
+        rise = value - t * slope * derivative  # the model's F'(t) >= 0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            step = t - excess / rise
+        step = np.where(np.isfinite(step) & (step > low) & (step < high), step, (low + high) / 2)
+        converged = (np.abs(step - t) <= 1e-10 * t) | (excess == 0)
+        t = np.where(excess == 0, t, step)
+        if bool(converged.all()):
+            break
+    return np.where(settled, 1.0, 1 / np.maximum(t, 1e-300))
+
+
+def _gamma_and_derivative(
+    rejected: np.ndarray, k: np.ndarray, k_max: int
+) -> tuple[np.ndarray, np.ndarray]:
     r""":math:`\gamma(r) = \sum_{i<k} r^i` and :math:`\gamma'(r)` per row by Horner's rule, in
     float64 on the host (``[R]`` each; the float32 test decides, these only aim)."""
     value, derivative = np.ones_like(rejected), np.zeros_like(rejected)
-    for step in range(1, int(k.max(initial=1))):
+    for step in range(1, k_max):
         more = step < k
         derivative = np.where(more, value + rejected * derivative, derivative)
         value = np.where(more, 1 + rejected * value, value)
@@ -376,7 +397,7 @@ def residual(
     weights = torch.empty_like(draft)  # [B, V]: the rejection terms, then the weights
     scale = gamma(rejection(target, draft, rho, weights), counts, max_count)  # [B]
     if target.dtype != torch.float64:  # static: the float32 formula
-        floor = torch.mul(target, (1 - scale / rho).clamp_min(0)[:, None])  # [B, V]
+        floor = torch.mul(target, ((rho - scale) / rho).clamp_min(0)[:, None])  # [B, V]
         torch.addcmul(target, draft, scale[:, None], value=-1, out=weights)  # p - gamma q
         return ops.normalise_in_place(torch.maximum(weights, floor, out=weights), target)
     torch.div(target, rho[:, None], out=weights)  # p / rho, then min(p / rho, q) in place
@@ -419,6 +440,10 @@ class SpecTr(NodeLowering):
         accept_uniforms: torch.Tensor,  # [B, C]
     ) -> NodeStep:
         num_slots = candidate_tokens.shape[1]
+        if num_slots == 1:  # static: the level's slots; rho* = 1, the standard rule bit for bit
+            return standard_step(
+                self.accepts, target, draft, candidate_tokens, candidate_valid, accept_uniforms
+            )
         counts = candidate_valid.sum(-1)  # [B]
         rho = optimal_rho(target, draft, counts, num_slots)  # [B]
         uniforms = accept_uniforms  # [B, C]
@@ -435,8 +460,48 @@ class SpecTr(NodeLowering):
             reused = self.reuse(u, accept_probability(target_x, scaled))  # [B]
             copies = rejected[:, None] & later_copies(candidate_tokens, slot)  # [B, C]
             uniforms = torch.where(copies, reused[:, None], uniforms)  # [B, C]
+        stopping = (accepted == PAD) & (counts > 0)  # [B]: every candidate rejected
+        if self.rejecting_rows_only(stopping):  # static: the CPU outside torch.compile
+            return NodeStep(
+                accepted,
+                self.stopping_rows(
+                    stopping, target, draft, rho, counts, candidate_tokens, candidate_valid
+                ),
+            )
         stop = self.stop_probs(target, draft, rho, counts, candidate_tokens, candidate_valid)
         return NodeStep(accepted, stop)
+
+    def rejecting_rows_only(self, stopping: torch.Tensor) -> bool:
+        """Whether :meth:`node_step` forms the stop distribution for the rows that rejected
+        every candidate only (:meth:`stopping_rows`): on the CPU outside ``torch.compile``,
+        where reading which rows those are is free."""
+        return ops.host_reads_free(stopping)
+
+    def stopping_rows(
+        self,
+        stopping: torch.Tensor,  # [B] bool
+        target: torch.Tensor,  # [B, V]
+        draft: torch.Tensor,  # [B, V]
+        rho: torch.Tensor,  # [B]
+        counts: torch.Tensor,  # [B]
+        candidate_tokens: torch.Tensor,  # [B, C]
+        candidate_valid: torch.Tensor,  # [B, C]
+    ) -> torch.Tensor:
+        """:meth:`stop_probs` on the CPU route: formed for the ``stopping`` rows only (a host
+        read, free there), written over a copy of ``target``; the other rows keep ``target``, a
+        distribution the walk draws from but never reads (it reads a draw only where every
+        candidate was rejected). ``[B, V]``."""
+        rows = stopping.nonzero()[:, 0]  # [R], the host read
+        if rows.shape[0] == stopping.shape[0]:
+            return self.stop_probs(target, draft, rho, counts, candidate_tokens, candidate_valid)
+        if rows.shape[0] == 0:
+            return target
+        out = target.clone()  # [B, V]
+        out[rows] = self.stop_probs(
+            target[rows], draft[rows], rho[rows], counts[rows], candidate_tokens[rows],
+            candidate_valid[rows],
+        )  # fmt: skip
+        return out
 
 
 LOWERING = SpecTr()
