@@ -434,6 +434,20 @@ def test_a_fixed_ratio_run_as_the_standard_rule_is_caught(monkeypatch) -> None:
     assert mismatches(lowering, rounds) != []
 
 
+@pytest.mark.parametrize("policy", [reference.Greedy(), reference.ConfidenceDamping()])
+def test_a_policy_wrongly_capped_is_caught(policy: Any, monkeypatch) -> None:
+    """Mutant: a policy whose a_k can exceed q_k declared ``capped`` (m_k taken as a_k, not
+    min(a_k, q_k)); the path-wise comparison sees it."""
+    lowering = lowered.ResiSpec(policy)
+    monkeypatch.setattr(type(lowering.policy), "capped", True)
+    found = 0
+    for vocab in (2, 3):
+        for pair_seed in range(4):
+            rounds = mixed_rounds(lowering, ss.pairs.Random(vocab, seed=pair_seed), pair_seed)
+            found += len(mismatches(lowering, rounds))
+    assert found > 0
+
+
 STANDARD_AT_ONE = [low for low in RESISPEC if low.standard_at_one_candidate]
 
 
@@ -495,7 +509,8 @@ def test_a_non_positive_fixed_ratio_is_refused() -> None:
 def test_bounded_policies_stay_within_the_running_target(dtype: torch.dtype) -> None:
     """Every policy that declares itself ``bounded`` gives 0 <= a_k <= t_k in every bit on
     non-negative rows (zeros, ties and tiny values included), so the one-pass m_k of
-    :meth:`ResiSpec.stage` equals the contract's clamped three-pass one bit for bit."""
+    :meth:`ResiSpec.stage` equals the contract's clamped three-pass one bit for bit; one that
+    declares itself ``capped`` also a_k <= q_k, so that m_k is a_k without a pass."""
     generator = torch.Generator().manual_seed(0)
     rows, vocab = 64, 40
 
@@ -509,9 +524,10 @@ def test_bounded_policies_stay_within_the_running_target(dtype: torch.dtype) -> 
     current[:8] = target[:8]
     proposal[:8] = draft[:8]
     counts = torch.randint(1, 5, (rows,), generator=generator)
-    checked = 0
+    checked = capped = 0
     for lowering in RESISPEC:
         policy = lowering.policy
+        assert policy.bounded or not policy.capped, label(lowering)
         if not policy.bounded:
             continue
         parameters = torch.stack(
@@ -529,8 +545,13 @@ def test_bounded_policies_stay_within_the_running_target(dtype: torch.dtype) -> 
             assert bool((sub >= 0).all()) and bool((sub <= current).all()), label(lowering)
             clamped = torch.minimum(torch.minimum(sub.clamp_min(0), current), proposal)
             assert torch.equal(torch.minimum(sub, proposal), clamped)
+            assert torch.equal(lowering.kept(sub, current, proposal), clamped)
+            if policy.capped:  # m_k is a_k itself
+                assert bool((sub <= proposal).all()), label(lowering)
+                capped += 1
             checked += 1
     assert checked == 4 * sum(1 for low in RESISPEC if low.policy.bounded) > 0
+    assert capped == 4 * sum(1 for low in RESISPEC if low.policy.capped) > 0
 
 
 def test_policies_are_pointwise_and_read_only_the_tables_they_say() -> None:

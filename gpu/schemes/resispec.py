@@ -123,6 +123,9 @@ class Policy(ABC):
     #: non-negative rows), so that the contract's clamp is the identity and
     #: :meth:`ResiSpec.stage` forms :math:`m_k = \min(a_k, q_k)` in one pass instead of three.
     bounded: ClassVar[bool] = False
+    #: Whether :meth:`sub_target` is also at most :math:`q_k` in every bit (a minimum with it),
+    #: so that :math:`m_k = \min(a_k, q_k)` is :math:`a_k` itself: no pass at all.
+    capped: ClassVar[bool] = False
 
     def __init__(self, policy: Any) -> None:
         self.reference = policy
@@ -179,6 +182,7 @@ class ConstantRatio(Policy):
 
     reads_draft = False
     bounded = True  # a minimum with t_k of non-negative terms (rho > 0)
+    capped = True  # and with q_k
 
     def __init__(self, policy: Any) -> None:
         super().__init__(policy)
@@ -202,8 +206,11 @@ class ConstantRatio(Policy):
 def ratio_sub_target(
     rho: torch.Tensor, target: torch.Tensor, current: torch.Tensor, proposal: torch.Tensor
 ) -> torch.Tensor:
-    r""":math:`\min(\min(p/\rho, q_k), t_k)` in the reference's order (``[B, V]``)."""
-    return torch.minimum(torch.minimum(target / rho[:, None], proposal), current)  # [B, V]
+    r""":math:`\min(\min(p/\rho, q_k), t_k)` in the reference's order (``[B, V]``), in one
+    fresh buffer."""
+    capped = target / rho[:, None]  # [B, V]
+    torch.minimum(capped, proposal, out=capped)
+    return torch.minimum(capped, current, out=capped)  # [B, V]
 
 
 class ConfidenceDamping(Policy):
@@ -561,7 +568,10 @@ class ResiSpec(NodeLowering):
         self, sub: torch.Tensor, current: torch.Tensor, proposal: torch.Tensor
     ) -> torch.Tensor:
         r""":math:`m_k = \min(a_k, q_k)` with :math:`a_k` clamped into :math:`[0, t_k]` (the
-        contract), in one pass for a ``bounded`` policy, whose clamp is exact."""
+        contract), in one pass for a ``bounded`` policy, whose clamp is exact, and none for a
+        ``capped`` one (:math:`a_k` itself)."""
+        if self.policy.capped:  # static: the policy's
+            return sub
         if self.policy.bounded:  # static: the policy's
             return torch.minimum(sub, proposal)
         return torch.minimum(torch.minimum(sub.clamp_min(0), current), proposal)
