@@ -246,8 +246,8 @@ def newton_rho(
     work = torch.empty_like(draft)  # [B, V]
     k = counts.numpy().astype(np.int64)  # [B]
     ones = torch.ones(target.shape[0], dtype=target.dtype)  # [B]
-    rejected = rejection(target, draft, ones, work)  # [B]; work holds the terms
-    feasible = (gamma(rejected, counts, max_count) <= ones).numpy()  # [B]
+    rejected = rejection(target, draft, ones, work).numpy()  # [B]; work holds the terms
+    feasible = host_gamma(rejected, k, max_count) <= 1  # [B]
     slope = beta_slope(work, target).double().numpy()  # [B]
     searching = ~feasible & (k > 1)  # [B]
     flat = np.flatnonzero(searching & (slope == 0))  # disjoint supports give no slope
@@ -255,7 +255,7 @@ def newton_rho(
         index = torch.from_numpy(flat)
         searching[flat] = (torch.minimum(target[index], draft[index]).sum(-1) > 0).numpy()
     # [1, k] where searching (k is feasible: gamma <= k for any rejection mass), else done at 1
-    state = _NewtonState(np.where(searching, k, 1.0), rejected.double().numpy(), slope, k)
+    state = _NewtonState(np.where(searching, k, 1.0), rejected.astype(np.float64), slope, k)
     result = state.high.copy()  # [B]
     rows = np.arange(len(k))  # the rows in the passes: all, until few are still searching
     for _ in range(max_passes):
@@ -266,14 +266,14 @@ def newton_rho(
             keep = np.flatnonzero(~done)
             rows, state = rows[keep], state.take(keep)
             index = torch.from_numpy(keep)
-            target, draft, counts = target[index], draft[index], counts[index]
+            target, draft = target[index], draft[index]
             work = work[: len(keep)]
         point = state.proposal()  # [R] float32 values, as float64
-        rho = torch.from_numpy(point.astype(np.float32))  # [R]
-        rejected = rejection(target, draft, rho, work)  # [R]; work holds the terms
-        feasible = (gamma(rejected, counts, max_count) <= rho).numpy()  # [R]
-        slope = beta_slope(work, target).double().numpy()  # [R]
-        state.update(point, feasible, rejected.double().numpy(), slope)
+        rho = point.astype(np.float32)  # [R]
+        rejected = rejection(target, draft, torch.from_numpy(rho), work).numpy()  # [R]
+        feasible = host_gamma(rejected, state.k, max_count) <= rho  # [R]
+        slope = beta_slope(work, target).double().numpy()  # [R]; from the terms in work
+        state.update(point, feasible, rejected.astype(np.float64), slope)
         result[rows] = state.high
     return torch.from_numpy(result.astype(np.float32))  # [B]
 
@@ -321,20 +321,27 @@ class _NewtonState:
         moved = (point > self.low) & (point < self.high)
         self.high = np.where(moved & feasible, point, self.high)
         self.low = np.where(moved & ~feasible, point, self.low)
-        bound = tangent_bound(point, rejected, slope, self.k)
-        self.bound = np.where(moved, np.fmax(self.bound, bound), self.bound)
+        at = np.flatnonzero(moved)  # Newton's method on each new model from the best bound
+        bound = tangent_bound(point[at], rejected[at], slope[at], self.k[at], self.bound[at])
+        self.bound[at] = np.fmax(self.bound[at], bound)
 
 
 def tangent_bound(
-    rho: np.ndarray, rejected: np.ndarray, slope: np.ndarray, k: np.ndarray
+    rho: np.ndarray,
+    rejected: np.ndarray,
+    slope: np.ndarray,
+    k: np.ndarray,
+    start: np.ndarray | None = None,
 ) -> np.ndarray:
     r"""The lower bound on :math:`\rho^*` from the test at ``rho`` (``[R]`` float64 arrays on the
     host): :math:`1/t` for the root :math:`t` of :math:`t\,\gamma(r + s\,(1/\rho - t)) = 1`,
     the feasibility test with :math:`\beta` replaced by its tangent at :math:`1/\rho`
-    (:math:`r` = ``rejected``, :math:`s` = ``slope``), at least 1. Newton's method from
-    :math:`1/\rho` inside the bracket :math:`[0, 1]` of :math:`t`, a bisection step where it
-    would leave it, until the step is below :math:`10^{-10}` relative (a few iterations; the
-    float32 test's own rounding is a thousand times coarser).
+    (:math:`r` = ``rejected``, :math:`s` = ``slope``), at least 1. For :math:`k \le 2` the
+    model is a quadratic, solved in closed form; otherwise Newton's method from ``start`` (an
+    earlier bound: the roots move little between passes) or :math:`\rho`, inside the bracket
+    :math:`[0, 1]` of :math:`t`, a bisection step where it would leave it, until the step is
+    below :math:`10^{-10}` relative (a few iterations; the float32 test's own rounding is a
+    thousand times coarser).
 
     >>> rho = tangent_bound(np.array([1.0]), np.array([0.5]), np.array([0.0]), np.array([2]))
     >>> round(float(rho[0]), 9)  # beta flat: gamma(1/2) = 1.5 for k = 2
@@ -342,10 +349,18 @@ def tangent_bound(
     """
     k_max = int(k.max(initial=1))
     reach = rejected + slope / rho  # the model's r at t = 0: r(t) = reach - slope t
+    if k_max <= 2:  # t (1 + reach - slope t) = 1 (k = 2; slope 0 for k = 1: t = 1)
+        half = (1 + np.where(k > 1, reach, 0.0)) / 2
+        slope = np.where(k > 1, slope, 0.0)
+        with np.errstate(invalid="ignore"):
+            t = 1 / (half + np.sqrt(half * half - slope))  # the smaller root, stably
+        return np.where(np.isfinite(t) & (t < 1), 1 / t, 1.0)  # no root below 1: rho 1
     low, high = np.zeros_like(rho), np.ones_like(rho)  # t: F(0) - 1 < 0; a root past 1 is rho 1
     value, _ = _gamma_and_derivative(reach - slope, k, k_max)
     settled = value < 1  # F(1) < 1: the model's root lies beyond t = 1
-    t = np.where(settled, 1.0, np.minimum(1 / rho, 1.0))  # settled rows stay at t = 1
+    if start is None:  # r(t) >= r for t <= 1/rho, so the root is at most 1 / gamma(r)
+        start = np.maximum(rho, _gamma_and_derivative(rejected, k, k_max)[0])
+    t = np.where(settled, 1.0, np.minimum(1 / start, 1.0))  # settled rows stay at t = 1
     for _ in range(64):
         value, derivative = _gamma_and_derivative(reach - slope * t, k, k_max)
         excess = t * value - 1
@@ -368,11 +383,32 @@ def _gamma_and_derivative(
     r""":math:`\gamma(r) = \sum_{i<k} r^i` and :math:`\gamma'(r)` per row by Horner's rule, in
     float64 on the host (``[R]`` each; the float32 test decides, these only aim)."""
     value, derivative = np.ones_like(rejected), np.zeros_like(rejected)
+    if bool((k == k_max).all()):  # every row the same k (a level's usual case): no masks
+        for _ in range(1, k_max):
+            derivative = value + rejected * derivative
+            value = 1 + rejected * value
+        return value, derivative
     for step in range(1, k_max):
         more = step < k
         derivative = np.where(more, value + rejected * derivative, derivative)
         value = np.where(more, 1 + rejected * value, value)
     return value, derivative
+
+
+def host_gamma(rejected: np.ndarray, k: np.ndarray, max_count: int) -> np.ndarray:
+    """:func:`gamma` on the host, in ``rejected``'s dtype (numpy ``[R]``): the same Horner loop,
+    each row's value after its own ``k - 1`` steps, bit for bit (the same roundings, one
+    operation at a time) without a tensor operation per step.
+
+    >>> host_gamma(np.array([0.5, 0.5], dtype=np.float32), np.array([1, 3]), 3).tolist()
+    [1.0, 1.75]
+    """
+    one = rejected.dtype.type(1)
+    value, out = np.ones_like(rejected), np.ones_like(rejected)
+    for step in range(1, max_count):
+        value = one + rejected * value
+        out = np.where(k - 1 == step, value, out)
+    return out
 
 
 def residual(
