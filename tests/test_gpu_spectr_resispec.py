@@ -434,6 +434,27 @@ def test_a_fixed_ratio_run_as_the_standard_rule_is_caught(monkeypatch) -> None:
     assert mismatches(lowering, rounds) != []
 
 
+def test_a_new_sub_target_does_not_inherit_the_guarantees() -> None:
+    """A policy subclass with its own ``sub_target`` is neither ``bounded`` nor ``capped``
+    unless it says so, so ``kept`` applies the contract's clamps to its a_k."""
+
+    class Doubled(lowered.ConstantRatio):
+        def sub_target(self, resolved, target, draft, current, proposal, index, counts):
+            return 2 * super().sub_target(resolved, target, draft, current, proposal, index, counts)
+
+    class Declared(Doubled):
+        bounded = True
+
+    assert lowered.ConstantRatio.bounded and lowered.ConstantRatio.capped
+    assert not Doubled.bounded and not Doubled.capped
+    assert Declared.bounded and not Declared.capped
+    lowering = with_policy(Doubled(reference.ConstantRatio()))
+    current = torch.tensor([[0.5, 0.25, 0.25]])
+    proposal = torch.tensor([[0.2, 0.2, 0.6]])
+    sub = 2 * torch.minimum(torch.minimum(current / 1.5, proposal), current)
+    assert torch.equal(lowering.kept(sub, current, proposal), torch.tensor([[0.2, 0.2, 0.25]]))
+
+
 @pytest.mark.parametrize("policy", [reference.Greedy(), reference.ConfidenceDamping()])
 def test_a_policy_wrongly_capped_is_caught(policy: Any, monkeypatch) -> None:
     """Mutant: a policy whose a_k can exceed q_k declared ``capped`` (m_k taken as a_k, not

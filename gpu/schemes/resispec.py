@@ -127,6 +127,15 @@ class Policy(ABC):
     #: so that :math:`m_k = \min(a_k, q_k)` is :math:`a_k` itself: no pass at all.
     capped: ClassVar[bool] = False
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass with its own :meth:`sub_target` declares its own guarantees: ``bounded``
+        and ``capped`` are not inherited past a new :math:`a_k` (they default to ``False``)."""
+        super().__init_subclass__(**kwargs)
+        if "sub_target" in cls.__dict__:
+            for flag in ("bounded", "capped"):
+                if flag not in cls.__dict__:
+                    setattr(cls, flag, False)
+
     def __init__(self, policy: Any) -> None:
         self.reference = policy
 
