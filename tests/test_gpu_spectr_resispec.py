@@ -306,12 +306,19 @@ MUTANTS = [
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: type(m).__name__ + "-" + label(m))
 def test_mutants_are_caught(mutant: Any) -> None:
+    found = mismatches_found(mutant, pair_seeds=8)
+    assert found > 0, f"the path-wise test passes the mutant {type(mutant).__name__}"
+
+
+def mismatches_found(lowering: Any, pair_seeds: int) -> int:
+    """Rows where ``lowering`` differs from its reference over mixed rounds of random pairs
+    (vocabularies 2 and 3, ``pair_seeds`` pairs each): what a mutant must make positive."""
     found = 0
     for vocab in (2, 3):
-        for pair_seed in range(8):
+        for pair_seed in range(pair_seeds):
             pair = ss.pairs.Random(vocab, seed=pair_seed)
-            found += len(mismatches(mutant, mixed_rounds(mutant, pair, pair_seed)))
-    assert found > 0, f"the path-wise test passes the mutant {type(mutant).__name__}"
+            found += len(mismatches(lowering, mixed_rounds(lowering, pair, pair_seed)))
+    return found
 
 
 # --------------------------------------------------------------------------- SpecTr's CPU routes
@@ -338,12 +345,7 @@ def test_spectr_stop_rows_misread_is_caught(monkeypatch) -> None:
 
     monkeypatch.setattr(lowered_spectr.SpecTr, "stopping_rows", swapped)
     lowering = lowered_spectr.SpecTr()
-    found = 0
-    for vocab in (2, 3):
-        for pair_seed in range(4):
-            rounds = mixed_rounds(lowering, ss.pairs.Random(vocab, seed=pair_seed), pair_seed)
-            found += len(mismatches(lowering, rounds))
-    assert found > 0
+    assert mismatches_found(lowering, pair_seeds=4) > 0
 
 
 def test_spectr_one_candidate_levels_run_the_standard_rule(monkeypatch) -> None:
@@ -400,12 +402,7 @@ def test_resispec_host_route_updating_too_few_rows_is_caught(policy: Any, monkey
 
     monkeypatch.setattr(lowered.ResiSpec, "stage", first_row_only)
     lowering = lowered.ResiSpec(policy)
-    found = 0
-    for vocab in (2, 3):
-        for pair_seed in range(4):
-            rounds = mixed_rounds(lowering, ss.pairs.Random(vocab, seed=pair_seed), pair_seed)
-            found += len(mismatches(lowering, rounds))
-    assert found > 0
+    assert mismatches_found(lowering, pair_seeds=4) > 0
 
 
 def ops_sum(rows: torch.Tensor) -> torch.Tensor:
@@ -461,12 +458,7 @@ def test_a_policy_wrongly_capped_is_caught(policy: Any, monkeypatch) -> None:
     min(a_k, q_k)); the path-wise comparison sees it."""
     lowering = lowered.ResiSpec(policy)
     monkeypatch.setattr(type(lowering.policy), "capped", True)
-    found = 0
-    for vocab in (2, 3):
-        for pair_seed in range(4):
-            rounds = mixed_rounds(lowering, ss.pairs.Random(vocab, seed=pair_seed), pair_seed)
-            found += len(mismatches(lowering, rounds))
-    assert found > 0
+    assert mismatches_found(lowering, pair_seeds=4) > 0
 
 
 STANDARD_AT_ONE = [low for low in RESISPEC if low.standard_at_one_candidate]
