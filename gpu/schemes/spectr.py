@@ -428,9 +428,11 @@ def residual(
     :math:`\gamma = 0` on disjoint supports, :math:`p` where the weights have zero mass.
 
     In float64 the reference's operations and roundings. Below float64 (agreement up to float32
-    rounding) the same weights as :math:`\max(p\,(1 - \gamma/\rho)_+,\ p - \gamma q)`, which
-    equals :math:`(p - \gamma\min(p/\rho, q))_+` for :math:`p \ge 0` and is :math:`p` on
+    rounding) the same weights as :math:`\max(p\,((\rho - \gamma)/\rho)_+,\ p - \gamma q)`,
+    which equals :math:`(p - \gamma\min(p/\rho, q))_+` for :math:`p \ge 0` and is :math:`p` on
     disjoint supports whatever :math:`\gamma` (no overlap pass, no clip): three passes fewer.
+    :math:`\rho - \gamma` is exact where :math:`\gamma` is near :math:`\rho` (Sterbenz), so the
+    floor keeps its digits at a :math:`\rho` a few ulps above :math:`\rho^*`.
     One ``[B, V]`` buffer is written in place from the rejection terms to the result: fresh
     temporaries of this size cost a page fault per 4 KiB wherever the allocator has returned
     freed ones to the system, which on the CPU measured several times this function's
