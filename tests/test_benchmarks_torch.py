@@ -106,6 +106,21 @@ def test_torch_trees_quick(tmp_path: Path) -> None:
             assert row[8] == "4/4", (shape_text, row)  # path-wise equal on every row (f64)
 
 
+def test_torch_trees_selects_schemes(tmp_path: Path) -> None:
+    """``--schemes`` times only the rows whose label contains a given string, and says so."""
+    output = tmp_path / "trees.md"
+    run_script(
+        "benchmarks/torch_trees.py", "--quick", "--schemes", "spectr", "Greedy",
+        "--output", str(output),
+    )  # fmt: skip
+    text = output.read_text()
+    assert "Rows selected by `--schemes spectr Greedy`" in text
+    labels = set()
+    for section in text.split("\n## ")[1:]:
+        labels |= {row[0] for row in table_rows(section, "scheme")}
+    assert labels == {"`spectr`", "`resispec` Greedy"}, labels
+
+
 def test_interleaved_median_within_a_budget() -> None:
     """Fast calls get every repeat; calls whose warm-up overruns the budget are timed once."""
     calls = {"a": 0, "b": 0}
