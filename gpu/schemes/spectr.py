@@ -504,22 +504,20 @@ class SpecTr(NodeLowering):
             reused = self.reuse(u, accept_probability(target_x, scaled))  # [B]
             copies = rejected[:, None] & later_copies(candidate_tokens, slot)  # [B, C]
             uniforms = torch.where(copies, reused[:, None], uniforms)  # [B, C]
-        stopping = (accepted == PAD) & (counts > 0)  # [B]: every candidate rejected
-        if self.rejecting_rows_only(stopping):  # static: the CPU outside torch.compile
-            return NodeStep(
-                accepted,
-                self.stopping_rows(
-                    stopping, target, draft, rho, counts, candidate_tokens, candidate_valid
-                ),
+        if self.rejecting_rows_only(accepted):  # static: the CPU outside torch.compile
+            stopping = (accepted == PAD) & (counts > 0)  # [B]: every candidate rejected
+            stop = self.stopping_rows(
+                stopping, target, draft, rho, counts, candidate_tokens, candidate_valid
             )
+            return NodeStep(accepted, stop)
         stop = self.stop_probs(target, draft, rho, counts, candidate_tokens, candidate_valid)
         return NodeStep(accepted, stop)
 
-    def rejecting_rows_only(self, stopping: torch.Tensor) -> bool:
+    def rejecting_rows_only(self, accepted: torch.Tensor) -> bool:
         """Whether :meth:`node_step` forms the stop distribution for the rows that rejected
         every candidate only (:meth:`stopping_rows`): on the CPU outside ``torch.compile``,
-        where reading which rows those are is free."""
-        return ops.host_reads_free(stopping)
+        where reading which rows those are is free (``accepted``: the node's verdicts, ``[B]``)."""
+        return ops.host_reads_free(accepted)
 
     def stopping_rows(
         self,
