@@ -372,6 +372,46 @@ def test_spectr_one_candidate_levels_run_the_standard_rule(monkeypatch) -> None:
     assert slots and min(slots) >= 2  # the root's (and merged prefixes') levels only
 
 
+def test_rho_is_searched_only_where_the_first_verdict_depends_on_it(monkeypatch) -> None:
+    """The CPU route searches rho* only for the rows whose first candidate fails the test under
+    rho = k: with u = 0 every first candidate passes (full-support pairs) and nothing is
+    searched, with u just below 1 some rows are; the verdicts stay the reference's."""
+    searched: list[int] = []
+    original = lowered_spectr.optimal_rho
+
+    def counted(target: torch.Tensor, *args: Any) -> torch.Tensor:
+        searched.append(target.shape[0])
+        return original(target, *args)
+
+    monkeypatch.setattr(lowered_spectr, "optimal_rho", counted)
+    monkeypatch.setattr(lowered, "optimal_rho", counted)
+    rng = np.random.default_rng(3)
+    target, draft = rng.dirichlet(np.ones(5), size=2)  # full support: p(x) > 0 everywhere
+    pair = ss.pairs.Stationary(target, draft)
+    trees = [ss.Shape.branching((3, 2), replacement=True).draft(pair, rng) for _ in range(6)]
+    for lowering in (lowered_spectr.SpecTr(), lowered.ResiSpec(reference.ConstantRatio())):
+        for u, expected in ((0.0, False), (LARGEST_BELOW_ONE, True)):
+            searched.clear()
+            rounds = [
+                (tree, *tables(pair, tree), ss.Noise.constant(u, tree.num_nodes)) for tree in trees
+            ]
+            assert mismatches(lowering, rounds) == []
+            assert (sum(searched) > 0) is expected
+
+
+def test_a_rho_ceiling_below_k_is_caught(monkeypatch) -> None:
+    """Mutant of the CPU route: the first candidate tested under rho = 1 instead of k, so rows
+    that pass there skip the search and verify at rho = 1."""
+
+    def ones(counts: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return torch.ones(counts.shape, dtype=dtype)
+
+    monkeypatch.setattr(lowered_spectr, "rho_ceiling", ones)
+    monkeypatch.setattr(lowered, "rho_ceiling", ones)
+    assert mismatches_found(lowered_spectr.SpecTr(), pair_seeds=4) > 0
+    assert mismatches_found(lowered.ResiSpec(reference.ConstantRatio()), pair_seeds=4) > 0
+
+
 # --------------------------------------------------------------------------- ResiSpec's CPU routes
 RESISPEC = [lowering for lowering in LOWERINGS if isinstance(lowering, lowered.ResiSpec)]
 

@@ -74,7 +74,7 @@ from specsampling.tree import DrawLaw
 from .. import ops
 from ..tree import PAD, TreeBatch
 from .base import NodeLowering, NodeStep, ReachedPlan, standard_step
-from .spectr import accept_probability, later_copies, optimal_rho, reuse_uniform
+from .spectr import accept_probability, later_copies, optimal_rho, reuse_uniform, rho_ceiling
 
 #: Resolved-rule kinds of :class:`Optimised` (column 1 of its node parameters).
 GREEDY, RATIO, DAMPING = 0, 1, 2
@@ -126,6 +126,11 @@ class Policy(ABC):
     #: Whether :meth:`sub_target` is also at most :math:`q_k` in every bit (a minimum with it),
     #: so that :math:`m_k = \min(a_k, q_k)` is :math:`a_k` itself: no pass at all.
     capped: ClassVar[bool] = False
+    #: Whether :meth:`at_node` searches each row (passes over ``V``) and :meth:`first_bound`
+    #: resolves a rule whose first sub-target is nowhere above it in any bit: the CPU route then
+    #: searches only the rows whose first verdict depends on it
+    #: (:meth:`ResiSpec.searched_rows_only`).
+    searches: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """A subclass with its own :meth:`sub_target` declares its own guarantees: ``bounded``
@@ -198,6 +203,33 @@ class ConstantRatio(Policy):
         self.rho = None if policy.rho is None else float(policy.rho)
         if self.rho is not None and not self.rho > 0:  # the reference's contract check fails
             raise ValueError(f"rho: a positive ratio, or None for rho*, got {policy.rho!r}")
+
+    @property
+    def searches(self) -> bool:  # type: ignore[override]
+        r"""Only :math:`\rho^*` is searched (a fixed ``rho`` costs nothing)."""
+        return self.rho is None
+
+    def first_bound(self, target: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        r""":math:`\rho` = :func:`.spectr.rho_ceiling` per row (``[B]``): no smaller than
+        :math:`\rho^*`, so :math:`p/\rho` and the first sub-target are nowhere larger (a correctly
+        rounded division is monotone)."""
+        return rho_ceiling(counts, target.dtype)  # [B]
+
+    def at_rows(
+        self,
+        resolved: torch.Tensor,  # [B]: first_bound's
+        rows: torch.Tensor,  # [R]
+        target: torch.Tensor,  # [B, V]
+        draft: torch.Tensor,  # [B, V]
+        counts: torch.Tensor,  # [B]
+        max_count: int,
+        parameters: torch.Tensor,  # [B, P]
+    ) -> torch.Tensor:
+        """``resolved`` with the rows ``rows`` resolved by :meth:`at_node` (``[B]``)."""
+        resolved[rows] = self.at_node(
+            target[rows], draft[rows], counts[rows], max_count, parameters[rows]
+        )
+        return resolved
 
     def at_node(self, target, draft, counts, max_count, parameters):
         if self.rho is None and target.dtype == torch.float64:  # static: the reference's rho*
@@ -504,12 +536,16 @@ class ResiSpec(NodeLowering):
         without = extras[:, 0] > 0  # [B]
         parameters = extras[:, 1:]  # [B, P]
         counts = candidate_valid.sum(-1)  # [B]
-        resolved = self.policy.at_node(target, draft, counts, num_slots, parameters)
         if self.rejecting_rows_only(target):  # static: the CPU outside torch.compile
+            resolved = self.searched_rows_only(
+                parameters, counts, target, draft, candidate_tokens, candidate_valid,
+                accept_uniforms,
+            )  # fmt: skip
             return self.host_step(
                 resolved, without, counts, target, draft, candidate_tokens, candidate_valid,
                 accept_uniforms,
             )  # fmt: skip
+        resolved = self.policy.at_node(target, draft, counts, num_slots, parameters)
         current, proposal = target, draft  # [B, V] each
         uniforms = accept_uniforms  # [B, C]
         accepted = torch.full_like(counts, PAD)  # [B]
@@ -590,6 +626,46 @@ class ResiSpec(NodeLowering):
         (:meth:`host_step`): on the CPU outside ``torch.compile``, where reading which rows
         those are is free."""
         return ops.host_reads_free(target)
+
+    def searched_rows_only(
+        self,
+        parameters: torch.Tensor,  # [B, P]
+        counts: torch.Tensor,  # [B]
+        target: torch.Tensor,  # [B, V]
+        draft: torch.Tensor,  # [B, V]
+        candidate_tokens: torch.Tensor,  # [B, C]
+        candidate_valid: torch.Tensor,  # [B, C]
+        accept_uniforms: torch.Tensor,  # [B, C]
+    ) -> Any:
+        r"""The policy's :meth:`~Policy.at_node` on the CPU route: for a policy that
+        :attr:`~Policy.searches`, resolved only for the rows whose verdict depends on it (a host
+        read, free there). A row whose first candidate passes the test of
+        :meth:`host_step` under :meth:`~Policy.first_bound`'s rule passes it under the searched
+        one too (a first sub-target no larger can only pass more), and reads nothing else of the
+        node; those rows, and rows of at most one candidate (:math:`\rho^* = 1 = k`), keep the
+        bound's rule without a pass over ``V``: the same verdicts (the accelerators' loop
+        resolves every row)."""
+        policy, num_slots = self.policy, candidate_tokens.shape[1]
+        if not policy.searches:
+            return policy.at_node(target, draft, counts, num_slots, parameters)
+        bound = policy.first_bound(target, counts)  # [B]
+        column = candidate_tokens[:, :1]  # [B, 1]
+        target_x, draft_x = target.gather(-1, column), draft.gather(-1, column)  # [B, 1] each
+        sub_x = policy.sub_target(
+            resolved_at(bound, column),
+            target_x if policy.reads_target else None,
+            draft_x if policy.reads_draft else None,
+            target_x, draft_x, 1, counts,
+        )  # fmt: skip
+        kept_x = self.kept(sub_x, target_x, draft_x)[:, 0]  # [B]
+        first = self.accepts(accept_uniforms[:, 0], kept_x, draft_x[:, 0])  # [B]
+        searched = (counts > 1) & ~(candidate_valid[:, 0] & first)  # [B]
+        rows = searched.nonzero()[:, 0]  # [R], the host read
+        if rows.shape[0] == searched.shape[0]:
+            return policy.at_node(target, draft, counts, num_slots, parameters)
+        if rows.shape[0] == 0:
+            return bound
+        return policy.at_rows(bound, rows, target, draft, counts, num_slots, parameters)
 
     def host_step(
         self,
