@@ -99,15 +99,19 @@ def normalise_in_place(weights: torch.Tensor, fallback: torch.Tensor) -> torch.T
     return torch.where(has_mass, weights, fallback, out=weights)  # [B, V]
 
 
-def remove_token(probs: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+def remove_token(
+    probs: torch.Tensor, token: torch.Tensor, *, in_place: bool = False
+) -> torch.Tensor:
     """Rows of ``probs [B, V]`` with ``token [B]`` set to zero and renormalised; a row with
-    nothing left stays all zeros.
+    nothing left stays all zeros. ``in_place=True`` writes them over ``probs`` (a buffer the
+    caller owns, such as rows it gathered): one pass less, and no new buffer.
 
     >>> remove_token(torch.tensor([[0.5, 0.25, 0.25]], dtype=torch.float64),
     ...              torch.tensor([0])).tolist()
     [[0.0, 0.5, 0.5]]
     """
-    out = probs.scatter(-1, token[:, None], 0.0)  # [B, V]
+    column = token[:, None]  # [B, 1]
+    out = probs.scatter_(-1, column, 0.0) if in_place else probs.scatter(-1, column, 0.0)  # static
     mass = numpy_sum(out)[..., None]  # [B, 1], in numpy's order in float64
     return out.div_(torch.where(mass > 0, mass, torch.ones_like(mass)))  # zeros stay zeros
 

@@ -323,6 +323,9 @@ def test_residual_and_remove_token_match_reference(vocab: int) -> None:
     got = ops.remove_token(torch.tensor(target), torch.tensor(tokens)).numpy()
     expected = [ss.ops.remove_token(p, t) for p, t in zip(target, tokens, strict=True)]
     np.testing.assert_array_equal(got, expected)
+    buffer = torch.tensor(target)  # in place: the same rows, written over the buffer
+    assert ops.remove_token(buffer, torch.tensor(tokens), in_place=True) is buffer
+    np.testing.assert_array_equal(buffer.numpy(), expected)
     assert (ops.remove_token(torch.tensor([[1.0, 0.0]]), torch.tensor([0])) == 0).all()
 
 

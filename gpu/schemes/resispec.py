@@ -743,7 +743,7 @@ class ResiSpec(NodeLowering):
                     )
                 if not proposal_copied:
                     proposal, proposal_copied = proposal.clone(), True
-                proposal[rows] = ops.remove_token(rows_proposal, rows_token)
+                proposal[rows] = ops.remove_token(rows_proposal, rows_token, in_place=True)
         return NodeStep(accepted, current)
 
 
