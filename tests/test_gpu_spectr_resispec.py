@@ -19,6 +19,7 @@ from proofs_tests.pathwise import Round, hypothesis_rounds, mismatches
 from specsampling import gpu as ssg
 from specsampling.gpu.schemes import resispec as lowered
 from specsampling.gpu.schemes import spectr as lowered_spectr
+from specsampling.gpu.tree import PAD
 from specsampling.noise import LARGEST_BELOW_ONE
 from specsampling.schemes import resispec as reference
 from specsampling.schemes import tables
@@ -427,6 +428,57 @@ def test_resispec_sync_free_loop_is_pathwise_too(lowering: Any, monkeypatch) -> 
     for vocab in (2, 3):
         rounds = mixed_rounds(lowering, ss.pairs.Random(vocab, seed=vocab), vocab)
         assert mismatches(lowering, rounds) == []
+
+
+def owned_step_inputs(lowering: Any, seed: int) -> tuple[torch.Tensor, ...]:
+    """One level's inputs for :meth:`ResiSpec.step`: 64 rows of 4 slots over 6 tokens, half of
+    them without replacement (distinct candidates), uniforms mostly near 1 (many rejections);
+    ``Optimised`` rows resolved to ratio and damping rules alternately."""
+    generator = torch.Generator().manual_seed(seed)
+    rows, slots, vocab = 64, 4, 6
+
+    def rows_of_mass() -> torch.Tensor:
+        weights = torch.rand(rows, vocab, generator=generator, dtype=torch.float64) ** 3
+        return weights / weights.sum(-1, keepdim=True)
+
+    target, draft = rows_of_mass(), rows_of_mass()
+    without = torch.arange(rows) % 2 == 0  # [B]
+    orders = [torch.randperm(vocab, generator=generator)[:slots] for _ in range(rows)]
+    distinct = torch.stack(orders)  # [B, C]
+    drawn = torch.randint(0, vocab, (rows, slots), generator=generator)
+    tokens = torch.where(without[:, None], distinct, drawn)  # [B, C]
+    counts = torch.randint(1, slots + 1, (rows, 1), generator=generator)
+    valid = torch.arange(slots)[None, :] < counts  # [B, C]
+    uniforms = torch.rand(rows, slots, generator=generator, dtype=torch.float64) ** 0.2
+    parameters = torch.zeros(rows, lowering.policy.num_parameters, dtype=torch.float64)
+    if isinstance(lowering.policy, lowered.Optimised):
+        ratio = torch.tensor([lowered.RATIO, 1.3, 0.0, 0.0], dtype=torch.float64)
+        damping = torch.tensor([lowered.DAMPING, 1.0, 0.5, 0.1], dtype=torch.float64)
+        parameters = torch.where((torch.arange(rows) % 3 == 0)[:, None], ratio, damping)
+    extras = torch.cat([without[:, None].to(torch.float64), parameters], -1)  # [B, 1 + P]
+    return extras, target, draft, tokens, valid, uniforms
+
+
+@pytest.mark.parametrize("lowering", RESISPEC, ids=label)
+def test_resispec_overwrites_only_the_rows_it_owns(lowering: Any) -> None:
+    """The CPU route writes each stage over the walk's own gathered rows (``owned``, as the
+    walk calls it) and over copies otherwise: a caller's rows are left as they were, and both
+    give the same verdicts and stop rows, also for policies that read p at every stage (kept
+    aside before p is overwritten)."""
+    stopped_after_two = 0
+    for seed in range(3):
+        extras, target, draft, tokens, valid, uniforms = owned_step_inputs(lowering, seed)
+        inputs = target.clone(), draft.clone()
+        copied = lowering.step(extras, target, draft, tokens, valid, uniforms)
+        assert torch.equal(target, inputs[0]) and torch.equal(draft, inputs[1])
+        mine = target.clone(), draft.clone()
+        owned = lowering.step(extras, *mine, tokens, valid, uniforms, owned=True)
+        assert torch.equal(owned.accepted, copied.accepted)
+        stopped = owned.accepted == PAD  # [B]: the rows the walk draws from
+        assert torch.equal(owned.stop_probs[stopped], copied.stop_probs[stopped])
+        assert not torch.equal(mine[0], inputs[0])  # written in place: no copy
+        stopped_after_two += int((stopped & (valid.sum(-1) >= 2)).sum())
+    assert stopped_after_two > 10  # later stages ran, reading p and q of rejecting rows
 
 
 @pytest.mark.parametrize("policy", [reference.ConfidenceDamping(), reference.ConstantRatio()])

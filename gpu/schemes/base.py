@@ -237,8 +237,12 @@ class NodeLowering(TreeLowering):
         candidate_tokens: torch.Tensor,  # [B, C]
         candidate_valid: torch.Tensor,  # [B, C] bool
         accept_uniforms: torch.Tensor,  # [B, C] float64
+        owned: bool = False,
     ) -> NodeStep:
-        """Decide at a node given its extras; by default :meth:`node_step` (no extras)."""
+        """Decide at a node given its extras; by default :meth:`node_step` (no extras).
+        ``owned``: ``target`` and ``draft`` are the caller's scratch rows (the walk's gathered
+        copies, read by nothing after the step), which a rule may overwrite instead of
+        copying; otherwise they are read-only."""
         return self.node_step(target, draft, candidate_tokens, candidate_valid, accept_uniforms)
 
     # ------------------------------------------------------------------ the per-node rule
@@ -333,7 +337,9 @@ class NodeLowering(TreeLowering):
                 target = target_probs[sub, node]  # [L, V]
                 draft = draft_probs[sub, node]  # [L, V]
                 extra = self.level_extras(extras, depth, walk.node, walk.done)[sub]  # [L, P]
-                step = self.step(extra, target, draft, candidate_tokens, valid, accept_uniforms)
+                step = self.step(
+                    extra, target, draft, candidate_tokens, valid, accept_uniforms, owned=True
+                )  # target, draft: this level's own gathered rows
                 stop_probs = step.stop_probs  # [L, V]
                 if some_leaf:  # static off the CPU (always); there a free host read
                     bonus = target_probs[sub, self.bonus_row(batch, walk.node)[sub]]  # [L, V]
@@ -488,6 +494,7 @@ class HostPlanned(NodeLowering):
         candidate_tokens: torch.Tensor,  # [B, C]
         candidate_valid: torch.Tensor,  # [B, C] bool
         accept_uniforms: torch.Tensor,  # [B, C] float64
+        owned: bool = False,
     ) -> NodeStep:
         single = self.node_step(target, draft, candidate_tokens, candidate_valid, accept_uniforms)
         slots = candidate_tokens.shape[-1]

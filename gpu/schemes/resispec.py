@@ -526,6 +526,7 @@ class ResiSpec(NodeLowering):
         candidate_tokens: torch.Tensor,  # [B, C]
         candidate_valid: torch.Tensor,  # [B, C]
         accept_uniforms: torch.Tensor,  # [B, C]
+        owned: bool = False,
     ) -> NodeStep:
         num_slots = candidate_tokens.shape[1]
         if num_slots == 1 and self.standard_at_one_candidate:  # static: the level's slots
@@ -543,7 +544,7 @@ class ResiSpec(NodeLowering):
             )  # fmt: skip
             return self.host_step(
                 resolved, without, counts, target, draft, candidate_tokens, candidate_valid,
-                accept_uniforms,
+                accept_uniforms, owned,
             )  # fmt: skip
         resolved = self.policy.at_node(target, draft, counts, num_slots, parameters)
         current, proposal = target, draft  # [B, V] each
@@ -677,18 +678,30 @@ class ResiSpec(NodeLowering):
         candidate_tokens: torch.Tensor,  # [B, C]
         candidate_valid: torch.Tensor,  # [B, C]
         accept_uniforms: torch.Tensor,  # [B, C]
+        owned: bool = False,
     ) -> NodeStep:
         """:meth:`step` with each slot's accept test formed from the candidates' entries alone
         (the policy's :math:`a_k` is pointwise: applied to the gathered columns it gives the
         gathered values of the whole rows, bit for bit) and each stage's update
         (:meth:`stage`, the next :math:`t` and a without-replacement row's next :math:`q`)
         formed for the rows that reject that slot only, read on the host, and written over
-        copies of the running rows. A row that accepted, or is not tested, costs no pass over
-        ``V``; its running rows go stale, unread: the walk draws from the returned rows only
-        where every candidate was rejected (the sync-free loop of :meth:`step` forms every
-        row's update at every slot and selects)."""
-        current, proposal = target, draft  # [B, V] each; copied before the first write
-        current_copied = proposal_copied = False
+        the running rows: copies of ``target`` and ``draft``, or, when the caller ``owned``
+        them (the walk's gathered rows), those rows themselves -- then :math:`p` and the
+        candidates' :math:`p(x)` of the rejecting rows are kept aside for a policy that
+        :attr:`~Policy.reads_target` (the rows rejecting a later slot rejected the first),
+        and ``draft`` is overwritten only for a policy that does not read it. A row that
+        accepted, or is not tested, costs no pass over ``V``; its running rows go stale,
+        unread: the walk draws from the returned rows only where every candidate was rejected
+        (the sync-free loop of :meth:`step` forms every row's update at every slot and
+        selects)."""
+        policy = self.policy
+        current, proposal = target, draft  # [B, V] each: t_k and q_k of the running rows
+        shaped = proposed = False  # whether current (proposal) holds a written row yet
+        in_place = owned and not policy.reads_draft  # proposal written over draft itself
+        target_columns = None  # [B, C]: p at the candidates, read before target is written
+        if owned and policy.reads_target:  # static: the policy's
+            target_columns = target.gather(-1, candidate_tokens)  # [B, C]
+        kept_target = kept_index = None  # p of the first rejecting rows, and where each is
         any_without = bool(without.any())  # the host read (free here)
         uniforms = accept_uniforms  # [B, C]
         accepted = torch.full_like(counts, PAD)  # [B]
@@ -698,10 +711,17 @@ class ResiSpec(NodeLowering):
             staging = staging & candidate_valid[:, slot]  # [B]
             column = token[:, None]  # [B, 1]
             current_x, proposal_x = current.gather(-1, column), proposal.gather(-1, column)
-            sub_x = self.policy.sub_target(
+            target_x = None
+            if policy.reads_target:  # static: the policy's
+                target_x = (
+                    target.gather(-1, column)
+                    if target_columns is None
+                    else target_columns[:, slot : slot + 1]
+                )  # [B, 1]
+            sub_x = policy.sub_target(
                 resolved_at(resolved, column),
-                target.gather(-1, column) if self.policy.reads_target else None,
-                draft.gather(-1, column) if self.policy.reads_draft else None,
+                target_x,
+                draft.gather(-1, column) if policy.reads_draft else None,
                 current_x, proposal_x, slot + 1, counts,
             )  # fmt: skip
             kept_x = self.kept(sub_x, current_x, proposal_x)  # [B, 1]
@@ -715,10 +735,18 @@ class ResiSpec(NodeLowering):
                 continue
             rows_current, rows_proposal, rows_token = current[rows], proposal[rows], token[rows]
             rows_target = rows_draft = None  # read only by the policies that say so
-            if self.policy.reads_target:  # static: the policy's; t_1 = p (no second copy)
-                rows_target = rows_current if current is target else target[rows]
-            if self.policy.reads_draft:  # static: the policy's; q_1 = q (no second copy)
-                rows_draft = rows_proposal if proposal is draft else draft[rows]
+            if policy.reads_target:  # static: the policy's; t_1 = p (no second copy)
+                if not shaped:
+                    rows_target = rows_current
+                elif kept_target is not None:  # p of rows that all rejected the first slot
+                    rows_target = kept_target[kept_index[rows]]
+                else:
+                    rows_target = target[rows]
+                if owned and not shaped:  # target is about to be written: keep these rows' p
+                    kept_target, kept_index = rows_current, torch.full_like(counts, PAD)
+                    kept_index[rows] = torch.arange(rows.shape[0])
+            if policy.reads_draft:  # static: the policy's; q_1 = q (no second copy)
+                rows_draft = rows_proposal if not proposed else draft[rows]
             _, rest, mass = self.stage(
                 resolved_rows(resolved, rows), rows_target, rows_draft, rows_current,
                 rows_proposal, slot + 1, counts[rows], rows_token,
@@ -730,8 +758,9 @@ class ResiSpec(NodeLowering):
                 if rows.shape[0] == 0:
                     continue
             staging[rows] = True
-            if not current_copied:
-                current, current_copied = current.clone(), True
+            if not (shaped or owned):
+                current = current.clone()
+            shaped = True
             current[rows] = rest.div_(mass)  # t_{k+1}
             shrinks = without[rows]  # [R']
             if any_without and bool(shrinks.any()):  # q_{k+1}: q_k without the token
@@ -741,8 +770,9 @@ class ResiSpec(NodeLowering):
                         rows_proposal[shrinks],
                         rows_token[shrinks],
                     )
-                if not proposal_copied:
-                    proposal, proposal_copied = proposal.clone(), True
+                if not (proposed or in_place):
+                    proposal = proposal.clone()
+                proposed = True
                 proposal[rows] = ops.remove_token(rows_proposal, rows_token, in_place=True)
         return NodeStep(accepted, current)
 

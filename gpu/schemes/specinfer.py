@@ -55,6 +55,7 @@ class RecursiveRejection(NodeLowering):
         candidate_tokens: torch.Tensor,  # [B, C]
         candidate_valid: torch.Tensor,  # [B, C] bool
         accept_uniforms: torch.Tensor,  # [B, C] float64
+        owned: bool = False,
     ) -> NodeStep:
         if extras.shape[-1] == 0:  # static: no guesses in the batch
             return self.node_step(target, draft, candidate_tokens, candidate_valid, accept_uniforms)
