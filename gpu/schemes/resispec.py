@@ -47,7 +47,10 @@ nodes hold one candidate runs the standard rule (:attr:`ResiSpec.standard_at_one
 every policy but a fixed-ratio ``ConstantRatio`` is that rule there, bit for bit). On the CPU
 outside ``torch.compile`` (:meth:`ResiSpec.host_step`) each slot's accept test is formed from
 the candidates' entries alone and each stage's update for the rows that reject that slot only
-(a free host read); accelerators and compiled graphs run the sync-free loop of every row.
+(a free host read), written over the walk's own gathered rows, and ``ConstantRatio``'s
+:math:`\rho^*` is searched only for the rows whose first verdict depends on it
+(:meth:`ResiSpec.searched_rows_only`); accelerators and compiled graphs run the sync-free loop
+of every row.
 Both routes are path-wise tested.
 
 How per-row data reaches the rule: :meth:`ResiSpec.node_extras` gives the walk ``[B, N, 1 + P]``

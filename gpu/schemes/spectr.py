@@ -487,6 +487,21 @@ class SpecTr(NodeLowering):
         """The distribution to stop with when every candidate is rejected (``[B, V]``)."""
         return residual(target, draft, rho, counts, candidate_tokens.shape[1])
 
+    def step(
+        self,
+        extras: torch.Tensor,  # [B, 0]: none
+        target: torch.Tensor,  # [B, V]
+        draft: torch.Tensor,  # [B, V]
+        candidate_tokens: torch.Tensor,  # [B, C]
+        candidate_valid: torch.Tensor,  # [B, C] bool
+        accept_uniforms: torch.Tensor,  # [B, C] float64
+        owned: bool = False,
+    ) -> NodeStep:
+        """:meth:`node_step`, told whether ``target`` is the caller's own scratch rows."""
+        return self.node_step(
+            target, draft, candidate_tokens, candidate_valid, accept_uniforms, owned=owned
+        )
+
     def node_step(
         self,
         target: torch.Tensor,  # [B, V]
@@ -494,7 +509,10 @@ class SpecTr(NodeLowering):
         candidate_tokens: torch.Tensor,  # [B, C]
         candidate_valid: torch.Tensor,  # [B, C]
         accept_uniforms: torch.Tensor,  # [B, C]
+        owned: bool = False,
     ) -> NodeStep:
+        """K-SEQ at every row's node; ``owned``: ``target`` may be overwritten by the stop
+        rows (:meth:`stopping_rows`; the walk's own gathered rows)."""
         num_slots = candidate_tokens.shape[1]
         if num_slots == 1:  # static: the level's slots; rho* = 1, the standard rule bit for bit
             return standard_step(
@@ -524,7 +542,7 @@ class SpecTr(NodeLowering):
         if self.rejecting_rows_only(accepted):  # static: the CPU outside torch.compile
             stopping = (accepted == PAD) & (counts > 0)  # [B]: every candidate rejected
             stop = self.stopping_rows(
-                stopping, target, draft, rho, counts, candidate_tokens, candidate_valid
+                stopping, target, draft, rho, counts, candidate_tokens, candidate_valid, owned
             )
             return NodeStep(accepted, stop)
         stop = self.stop_probs(target, draft, rho, counts, candidate_tokens, candidate_valid)
@@ -580,17 +598,19 @@ class SpecTr(NodeLowering):
         counts: torch.Tensor,  # [B]
         candidate_tokens: torch.Tensor,  # [B, C]
         candidate_valid: torch.Tensor,  # [B, C]
+        owned: bool = False,
     ) -> torch.Tensor:
         """:meth:`stop_probs` on the CPU route: formed for the ``stopping`` rows only (a host
-        read, free there), written over a copy of ``target``; the other rows keep ``target``, a
-        distribution the walk draws from but never reads (it reads a draw only where every
-        candidate was rejected). ``[B, V]``."""
+        read, free there), written over a copy of ``target`` (over ``target`` itself when the
+        caller ``owned`` it); the other rows keep ``target``, a distribution the walk draws
+        from but never reads (it reads a draw only where every candidate was rejected).
+        ``[B, V]``."""
         rows = stopping.nonzero()[:, 0]  # [R], the host read
         if rows.shape[0] == stopping.shape[0]:
             return self.stop_probs(target, draft, rho, counts, candidate_tokens, candidate_valid)
         if rows.shape[0] == 0:
             return target
-        out = target.clone()  # [B, V]
+        out = target if owned else target.clone()  # [B, V]
         out[rows] = self.stop_probs(
             target[rows], draft[rows], rho[rows], counts[rows], candidate_tokens[rows],
             candidate_valid[rows],
