@@ -138,11 +138,15 @@ def reuse_uniform(u: float, accept: Scalar) -> float:
 
     Given ``u >= accept`` (the test was rejected), ``(u - accept) / (1 - accept)`` is uniform on
     ``[0, 1)`` and independent of the rejection; it is clipped into ``[0, 1)`` against rounding
-    (see :class:`~specsampling.Noise` for which schemes use it).
+    (see :class:`~specsampling.Noise` for which schemes use it). ``accept = 1`` is rejected by
+    rounding only (``u q(x)`` rounded up to ``p(x) = q(x)``, a subnormal mass): ``u - 1 < 0``,
+    clipped to 0, with no division.
 
-    >>> reuse_uniform(0.75, 0.5), reuse_uniform(0.5, 0.5)
-    (0.5, 0.0)
+    >>> reuse_uniform(0.75, 0.5), reuse_uniform(0.5, 0.5), reuse_uniform(0.5, 1)
+    (0.5, 0.0, 0.0)
     """
+    if not 1 - accept > 0:  # accept = 1: a rejection by rounding; the rescaled value is < 0
+        return 0.0
     rescaled = float((u - accept) / (1 - accept))
     return min(max(rescaled, 0.0), LARGEST_BELOW_ONE)
 

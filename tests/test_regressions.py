@@ -4,7 +4,8 @@ Strict accept test and CDF boundaries (sgl-project/sglang#35771); token ids in r
 of [0, 1) and over large vocabularies with a zero tail (sgl-project/sglang#30822,
 vllm-project/vllm#44744); the zero-mass residual (SGLang's, FlashInfer's and vLLM's fallbacks);
 inputs never mutated (vllm-project/vllm-ascend#2881); API smoke over the registry
-(FasterDecoding/Medusa, ``medusa/model/utils.py``); plus ``ss.generate``.
+(FasterDecoding/Medusa, ``medusa/model/utils.py``); plus ``ss.generate`` and our own: a
+duplicate's uniform after a rejection by rounding at acceptance 1.
 """
 
 from __future__ import annotations
@@ -359,3 +360,23 @@ def test_generate_nss_with_a_deterministic_top_tree():
     assert ss.lossless_error("nss", pair, shape) < 1e-12
     with pytest.raises(ss.UnsupportedShape):
         ss.generate("specinfer", pair, shape, 5, np.random.default_rng(8))
+
+
+@pytest.mark.parametrize("name", ["spectr", "resispec", "specinfer"])
+def test_a_rejection_by_rounding_at_acceptance_one_reuses_a_zero_uniform(name):
+    """p(x) = q(x) subnormal: u q(x) rounds up to p(x), so the token is rejected although its
+    acceptance is 1; the duplicate's rescaled uniform (u - 1) / 0 divided by zero. It is now 0
+    (u - 1 < 0, clipped), as the torch lowering's guarded division gives: verdicts equal."""
+    import specsampling.gpu as ssg
+
+    p = np.array([1e-320, 0.5, 0.5])
+    for draws in ([(0, 0), (0, 1)], [(0, 0), (0, 0)]):  # the second reads the reused uniform
+        tree = DraftTree.from_draws(draws, law="iid")
+        rows = np.tile(p, (tree.num_nodes, 1))
+        noise = Noise(np.full(tree.num_nodes, LARGEST_BELOW_ONE), np.full(tree.num_nodes, 0.3))
+        verdict = tuple(ss.SCHEMES[name].verify(tree, rows, rows, noise))
+        target, draft = ssg.tables_batch([rows], [rows])
+        out = ssg.verify(
+            name, ssg.TreeBatch.from_trees([tree]), target, draft, ssg.Noise.from_reference([noise])
+        )
+        assert verdict == (int(out.node[0]), int(out.token[0]))
