@@ -547,6 +547,19 @@ def test_a_new_sub_target_does_not_inherit_the_guarantees() -> None:
     assert torch.equal(lowering.kept(sub, current, proposal), torch.tensor([[0.2, 0.2, 0.25]]))
 
 
+def test_a_searching_policy_without_a_first_bound_is_refused_clearly() -> None:
+    """A policy that says it searches but gives no ``first_bound`` fails on the CPU route with
+    an error naming what is missing, not an AttributeError deep in the step."""
+
+    class Searching(lowered.Greedy):
+        searches = True
+
+    lowering = with_policy(Searching(reference.Greedy()))
+    extras, target, draft, tokens, valid, uniforms = owned_step_inputs(lowering, 0)
+    with pytest.raises(NotImplementedError, match=r"Searching sets searches = True.*first_bound"):
+        lowering.step(extras, target, draft, tokens, valid, uniforms)
+
+
 @pytest.mark.parametrize("policy", [reference.Greedy(), reference.ConfidenceDamping()])
 def test_a_policy_wrongly_capped_is_caught(policy: Any, monkeypatch) -> None:
     """Mutant: a policy whose a_k can exceed q_k declared ``capped`` (m_k taken as a_k, not

@@ -167,6 +167,31 @@ class Policy(ABC):
         """What :meth:`sub_target` needs at this node (default: nothing)."""
         return None
 
+    def first_bound(self, target: torch.Tensor, counts: torch.Tensor) -> Any:
+        """For a policy that :attr:`searches`: a resolved rule (as :meth:`at_node` returns)
+        whose first sub-target is nowhere above the searched rule's, in any bit."""
+        raise NotImplementedError(
+            f"{type(self).__name__} sets searches = True: it must give first_bound (and an "
+            "at_rows for resolutions other than one tensor of rows)"
+        )
+
+    def at_rows(
+        self,
+        resolved: torch.Tensor,  # [B, ...]: first_bound's
+        rows: torch.Tensor,  # [R]
+        target: torch.Tensor,  # [B, V]
+        draft: torch.Tensor,  # [B, V]
+        counts: torch.Tensor,  # [B]
+        max_count: int,
+        parameters: torch.Tensor,  # [B, P]
+    ) -> torch.Tensor:
+        """``resolved`` (one tensor of rows) with the rows ``rows`` resolved by
+        :meth:`at_node`."""
+        resolved[rows] = self.at_node(
+            target[rows], draft[rows], counts[rows], max_count, parameters[rows]
+        )
+        return resolved
+
     @abstractmethod
     def sub_target(
         self,
@@ -217,22 +242,6 @@ class ConstantRatio(Policy):
         :math:`\rho^*`, so :math:`p/\rho` and the first sub-target are nowhere larger (a correctly
         rounded division is monotone)."""
         return rho_ceiling(counts, target.dtype)  # [B]
-
-    def at_rows(
-        self,
-        resolved: torch.Tensor,  # [B]: first_bound's
-        rows: torch.Tensor,  # [R]
-        target: torch.Tensor,  # [B, V]
-        draft: torch.Tensor,  # [B, V]
-        counts: torch.Tensor,  # [B]
-        max_count: int,
-        parameters: torch.Tensor,  # [B, P]
-    ) -> torch.Tensor:
-        """``resolved`` with the rows ``rows`` resolved by :meth:`at_node` (``[B]``)."""
-        resolved[rows] = self.at_node(
-            target[rows], draft[rows], counts[rows], max_count, parameters[rows]
-        )
-        return resolved
 
     def at_node(self, target, draft, counts, max_count, parameters):
         if self.rho is None and target.dtype == torch.float64:  # static: the reference's rho*
@@ -747,7 +756,7 @@ class ResiSpec(NodeLowering):
                     rows_target = target[rows]
                 if owned and not shaped:  # target is about to be written: keep these rows' p
                     kept_target, kept_index = rows_current, torch.full_like(counts, PAD)
-                    kept_index[rows] = torch.arange(rows.shape[0])
+                    kept_index[rows] = torch.arange(rows.shape[0], device=rows.device)
             if policy.reads_draft:  # static: the policy's; q_1 = q (no second copy)
                 rows_draft = rows_proposal if not proposed else draft[rows]
             _, rest, mass = self.stage(
