@@ -77,7 +77,14 @@ from specsampling.tree import DrawLaw
 from .. import ops
 from ..tree import PAD, TreeBatch
 from .base import NodeLowering, NodeStep, ReachedPlan, standard_step
-from .spectr import accept_probability, later_copies, optimal_rho, reuse_uniform, rho_ceiling
+from .spectr import (
+    accept_probability,
+    later_copies,
+    optimal_rho,
+    reuse_uniform,
+    rho_ceiling,
+    searched_where,
+)
 
 #: Resolved-rule kinds of :class:`Optimised` (column 1 of its node parameters).
 GREEDY, RATIO, DAMPING = 0, 1, 2
@@ -167,30 +174,13 @@ class Policy(ABC):
         """What :meth:`sub_target` needs at this node (default: nothing)."""
         return None
 
-    def first_bound(self, target: torch.Tensor, counts: torch.Tensor) -> Any:
-        """For a policy that :attr:`searches`: a resolved rule (as :meth:`at_node` returns)
-        whose first sub-target is nowhere above the searched rule's, in any bit."""
+    def first_bound(self, target: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """For a policy that :attr:`searches`: a resolved rule, one tensor of rows as its
+        :meth:`at_node` returns, whose first sub-target is nowhere above the searched rule's,
+        in any bit."""
         raise NotImplementedError(
-            f"{type(self).__name__} sets searches = True: it must give first_bound (and an "
-            "at_rows for resolutions other than one tensor of rows)"
+            f"{type(self).__name__} sets searches = True: it must give first_bound"
         )
-
-    def at_rows(
-        self,
-        resolved: torch.Tensor,  # [B, ...]: first_bound's
-        rows: torch.Tensor,  # [R]
-        target: torch.Tensor,  # [B, V]
-        draft: torch.Tensor,  # [B, V]
-        counts: torch.Tensor,  # [B]
-        max_count: int,
-        parameters: torch.Tensor,  # [B, P]
-    ) -> torch.Tensor:
-        """``resolved`` (one tensor of rows) with the rows ``rows`` resolved by
-        :meth:`at_node`."""
-        resolved[rows] = self.at_node(
-            target[rows], draft[rows], counts[rows], max_count, parameters[rows]
-        )
-        return resolved
 
     @abstractmethod
     def sub_target(
@@ -229,13 +219,9 @@ class ConstantRatio(Policy):
     def __init__(self, policy: Any) -> None:
         super().__init__(policy)
         self.rho = None if policy.rho is None else float(policy.rho)
+        self.searches = self.rho is None  # only rho* is searched; a fixed rho costs nothing
         if self.rho is not None and not self.rho > 0:  # the reference's contract check fails
             raise ValueError(f"rho: a positive ratio, or None for rho*, got {policy.rho!r}")
-
-    @property
-    def searches(self) -> bool:  # type: ignore[override]
-        r"""Only :math:`\rho^*` is searched (a fixed ``rho`` costs nothing)."""
-        return self.rho is None
 
     def first_bound(self, target: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         r""":math:`\rho` = :func:`.spectr.rho_ceiling` per row (``[B]``): no smaller than
@@ -664,21 +650,38 @@ class ResiSpec(NodeLowering):
         bound = policy.first_bound(target, counts)  # [B]
         column = candidate_tokens[:, :1]  # [B, 1]
         target_x, draft_x = target.gather(-1, column), draft.gather(-1, column)  # [B, 1] each
+        kept_x = self.kept_at(bound, column, target_x, draft_x, target_x, draft_x, 1, counts)
+        first = self.accepts(accept_uniforms[:, 0], kept_x[:, 0], draft_x[:, 0])  # [B]
+        searched = (counts > 1) & ~(candidate_valid[:, 0] & first)  # [B]
+        return searched_where(
+            searched,
+            bound,
+            lambda rows: policy.at_node(
+                target[rows], draft[rows], counts[rows], num_slots, parameters[rows]
+            ),
+        )  # [B]
+
+    def kept_at(
+        self,
+        resolved: Any,
+        column: torch.Tensor,  # [B, 1]: one token per row
+        target_x: torch.Tensor,  # [B, 1]: p there
+        draft_x: torch.Tensor,  # [B, 1]: q there
+        current_x: torch.Tensor,  # [B, 1]: t_k there
+        proposal_x: torch.Tensor,  # [B, 1]: q_k there
+        index: int,
+        counts: torch.Tensor,  # [B]
+    ) -> torch.Tensor:
+        """:math:`m_k` at the tokens ``column`` from the rows' entries there (``[B, 1]``; the
+        policies are pointwise: the gathered values of the whole rows, bit for bit)."""
+        policy = self.policy
         sub_x = policy.sub_target(
-            resolved_at(bound, column),
+            resolved_at(resolved, column),
             target_x if policy.reads_target else None,
             draft_x if policy.reads_draft else None,
-            target_x, draft_x, 1, counts,
+            current_x, proposal_x, index, counts,
         )  # fmt: skip
-        kept_x = self.kept(sub_x, target_x, draft_x)[:, 0]  # [B]
-        first = self.accepts(accept_uniforms[:, 0], kept_x, draft_x[:, 0])  # [B]
-        searched = (counts > 1) & ~(candidate_valid[:, 0] & first)  # [B]
-        rows = searched.nonzero()[:, 0]  # [R], the host read
-        if rows.shape[0] == searched.shape[0]:
-            return policy.at_node(target, draft, counts, num_slots, parameters)
-        if rows.shape[0] == 0:
-            return bound
-        return policy.at_rows(bound, rows, target, draft, counts, num_slots, parameters)
+        return self.kept(sub_x, current_x, proposal_x)  # [B, 1]
 
     def host_step(
         self,
@@ -698,10 +701,11 @@ class ResiSpec(NodeLowering):
         (:meth:`stage`, the next :math:`t` and a without-replacement row's next :math:`q`)
         formed for the rows that reject that slot only, read on the host, and written over
         the running rows: copies of ``target`` and ``draft``, or, when the caller ``owned``
-        them (the walk's gathered rows), those rows themselves -- then :math:`p` and the
-        candidates' :math:`p(x)` of the rejecting rows are kept aside for a policy that
-        :attr:`~Policy.reads_target` (the rows rejecting a later slot rejected the first),
-        and ``draft`` is overwritten only for a policy that does not read it. A row that
+        them (the walk's gathered rows), those rows themselves; for a policy that
+        :attr:`~Policy.reads_target`, :math:`p` at the candidates and the first rejecting
+        rows' :math:`p` are read before anything is written (the rows rejecting a later slot
+        rejected the first), and ``draft`` is overwritten only for a policy that does not read
+        it. A row that
         accepted, or is not tested, costs no pass over ``V``; its running rows go stale,
         unread: the walk draws from the returned rows only where every candidate was rejected
         (the sync-free loop of :meth:`step` forms every row's update at every slot and
@@ -711,7 +715,7 @@ class ResiSpec(NodeLowering):
         shaped = proposed = False  # whether current (proposal) holds a written row yet
         in_place = owned and not policy.reads_draft  # proposal written over draft itself
         target_columns = None  # [B, C]: p at the candidates, read before target is written
-        if owned and policy.reads_target:  # static: the policy's
+        if policy.reads_target:  # static: the policy's
             target_columns = target.gather(-1, candidate_tokens)  # [B, C]
         kept_target = kept_index = None  # p of the first rejecting rows, and where each is
         any_without = bool(without.any())  # the host read (free here)
@@ -723,20 +727,11 @@ class ResiSpec(NodeLowering):
             staging = staging & candidate_valid[:, slot]  # [B]
             column = token[:, None]  # [B, 1]
             current_x, proposal_x = current.gather(-1, column), proposal.gather(-1, column)
-            target_x = None
-            if policy.reads_target:  # static: the policy's
-                target_x = (
-                    target.gather(-1, column)
-                    if target_columns is None
-                    else target_columns[:, slot : slot + 1]
-                )  # [B, 1]
-            sub_x = policy.sub_target(
-                resolved_at(resolved, column),
-                target_x,
-                draft.gather(-1, column) if policy.reads_draft else None,
-                current_x, proposal_x, slot + 1, counts,
-            )  # fmt: skip
-            kept_x = self.kept(sub_x, current_x, proposal_x)  # [B, 1]
+            target_x = None if target_columns is None else target_columns[:, slot : slot + 1]
+            draft_x = draft.gather(-1, column) if policy.reads_draft else None  # [B, 1]
+            kept_x = self.kept_at(
+                resolved, column, target_x, draft_x, current_x, proposal_x, slot + 1, counts
+            )  # [B, 1]
             accepted, rejected, uniforms = self.decide(
                 slot, kept_x[:, 0], proposal_x[:, 0], staging, accepted, uniforms,
                 candidate_tokens,
@@ -748,15 +743,12 @@ class ResiSpec(NodeLowering):
             rows_current, rows_proposal, rows_token = current[rows], proposal[rows], token[rows]
             rows_target = rows_draft = None  # read only by the policies that say so
             if policy.reads_target:  # static: the policy's; t_1 = p (no second copy)
-                if not shaped:
-                    rows_target = rows_current
-                elif kept_target is not None:  # p of rows that all rejected the first slot
-                    rows_target = kept_target[kept_index[rows]]
-                else:
-                    rows_target = target[rows]
-                if owned and not shaped:  # target is about to be written: keep these rows' p
-                    kept_target, kept_index = rows_current, torch.full_like(counts, PAD)
+                if not shaped:  # p of these rows, kept aside: later rejecting rows are among them
+                    rows_target = kept_target = rows_current
+                    kept_index = torch.full_like(counts, PAD)  # [B]: each row's place there
                     kept_index[rows] = torch.arange(rows.shape[0], device=rows.device)
+                else:
+                    rows_target = kept_target[kept_index[rows]]
             if policy.reads_draft:  # static: the policy's; q_1 = q (no second copy)
                 rows_draft = rows_proposal if not proposed else draft[rows]
             _, rest, mass = self.stage(

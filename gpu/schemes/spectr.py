@@ -23,6 +23,8 @@ copy of the same token reads :math:`(u - a)/(1 - a)` (:func:`reuse_uniform`), cl
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -165,6 +167,27 @@ def rho_ceiling(counts: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     [1.0, 1.0, 3.0]
     """
     return counts.clamp_min(1).to(dtype)  # [B]
+
+
+def searched_where(
+    searched: torch.Tensor,  # [B] bool
+    bound: torch.Tensor,  # [B]
+    search: Callable[[Any], torch.Tensor],
+) -> torch.Tensor:
+    """``bound`` with the rows ``searched`` replaced by ``search(rows)`` (their values, for an
+    index of rows; ``slice(None)``, a view of every row, when all are searched): the CPU
+    routes' restriction of a per-row search, read on the host (``[B]``; ``bound`` is written).
+
+    >>> searched_where(torch.tensor([True, False]), torch.tensor([3.0, 3.0]),
+    ...                lambda rows: torch.tensor([1.5, 2.5])[rows]).tolist()
+    [1.5, 3.0]
+    """
+    rows = searched.nonzero()[:, 0]  # [R], the host read
+    if rows.shape[0] == searched.shape[0]:
+        return search(slice(None))  # [B]
+    if rows.shape[0] > 0:
+        bound[rows] = search(rows)
+    return bound  # [B]
 
 
 def bisection_rho(
@@ -581,13 +604,12 @@ class SpecTr(NodeLowering):
         scaled = bound * ops.gather_tokens(draft, token)  # [B]
         first = self.accepts(accept_uniforms[:, 0], ops.gather_tokens(target, token), scaled)
         searched = (counts > 1) & ~(candidate_valid[:, 0] & first)  # [B]
-        rows = searched.nonzero()[:, 0]  # [R], the host read
         num_slots = candidate_tokens.shape[1]
-        if rows.shape[0] == searched.shape[0]:
-            return optimal_rho(target, draft, counts, num_slots)  # [B]
-        if rows.shape[0] > 0:
-            bound[rows] = optimal_rho(target[rows], draft[rows], counts[rows], num_slots)
-        return bound  # [B]
+        return searched_where(
+            searched,
+            bound,
+            lambda rows: optimal_rho(target[rows], draft[rows], counts[rows], num_slots),
+        )  # [B]
 
     def stopping_rows(
         self,
