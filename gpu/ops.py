@@ -57,6 +57,35 @@ def compute_dtype(*tables: torch.Tensor) -> torch.dtype:
     return dtype
 
 
+def table_rows(table: torch.Tensor, rows: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
+    """``table[rows, nodes]`` of a ``[B, N, V]`` table (``rows``, ``nodes`` ``[L]``) -> ``[L, V]``,
+    a copy: one ``index_select`` of the flattened ``[B * N, V]`` rows where ``table`` is
+    contiguous (row copies; the CPU's advanced indexing computes an offset per element and
+    costs about a third more), advanced indexing otherwise.
+
+    >>> table = torch.arange(12.0).reshape(2, 3, 2)
+    >>> table_rows(table, torch.tensor([1, 0]), torch.tensor([2, 0])).tolist()
+    [[10.0, 11.0], [0.0, 1.0]]
+    """
+    if not table.is_contiguous():
+        return table[rows, nodes]  # [L, V]
+    num_nodes = table.shape[1]
+    return table.view(-1, table.shape[-1]).index_select(0, rows * num_nodes + nodes)  # [L, V]
+
+
+def take_rows(rows_of: torch.Tensor, rows: torch.Tensor | slice) -> torch.Tensor:
+    """``rows_of[rows]`` of a ``[B, ...]`` tensor, for an index ``rows [R]`` (a copy, by one
+    ``index_select``: row copies, where the CPU's advanced indexing computes an offset per
+    element and costs about a third more on ``[R, V]`` rows) or a ``slice`` (a view).
+
+    >>> take_rows(torch.arange(6.0).reshape(3, 2), torch.tensor([2, 0])).tolist()
+    [[4.0, 5.0], [0.0, 1.0]]
+    """
+    if isinstance(rows, slice):
+        return rows_of[rows]
+    return rows_of.index_select(0, rows)
+
+
 def gather_tokens(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """``probs[b, tokens[b]]`` for ``probs [B, V]``, ``tokens [B]`` (ids in range) -> ``[B]``."""
     return probs.gather(-1, tokens[:, None]).squeeze(-1)  # [B]

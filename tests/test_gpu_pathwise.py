@@ -329,6 +329,25 @@ def test_residual_and_remove_token_match_reference(vocab: int) -> None:
     assert (ops.remove_token(torch.tensor([[1.0, 0.0]]), torch.tensor([0])) == 0).all()
 
 
+def test_row_gathers_are_fresh_copies_of_the_indexed_rows() -> None:
+    """``ops.table_rows`` (the walk's level rows, which a step owns and may write over) and
+    ``ops.take_rows``: the indexed rows, bit for bit, in fresh storage, for contiguous and
+    strided tables alike (a view written over would corrupt the caller's table)."""
+    table = torch.rand(4, 5, 7, dtype=torch.float64)
+    rows, nodes = torch.tensor([3, 0, 3]), torch.tensor([1, 4, 1])
+    for source in (table, table.transpose(0, 1).contiguous().transpose(0, 1)):  # strided
+        got = ops.table_rows(source, rows, nodes)
+        assert torch.equal(got, source[rows, nodes])
+        got.fill_(-1.0)  # written over: the table is untouched
+        assert torch.equal(source, table)
+    flat = table[:, 0]  # [4, 7], strided
+    taken = ops.take_rows(flat, rows)
+    assert torch.equal(taken, flat[rows]) and taken.data_ptr() != flat.data_ptr()
+    taken.fill_(-1.0)
+    assert torch.equal(flat, table[:, 0]) and (table >= 0).all()
+    assert ops.take_rows(flat, slice(1, 3)).data_ptr() == flat[1].data_ptr()  # a slice: a view
+
+
 def test_a_one_ulp_residual_mass_cannot_move_a_boundary_draw() -> None:
     """Regression: token 3 drawn twice at the root; with the residual's mass summed by
     ``torch.sum`` the lowering's last-uniform draw emitted 4 where the reference emits 5."""

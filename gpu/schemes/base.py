@@ -331,18 +331,20 @@ class NodeLowering(TreeLowering):
             leaf = ~valid.any(-1)  # [L]
             some_leaf, all_leaf = self.leaf_rows(leaf)
             if all_leaf:  # static off the CPU (never); there a free host read: no rule to run
-                stop_probs = target_probs[sub, self.bonus_row(batch, walk.node)[sub]]  # [L, V]
+                bonus_node = self.bonus_row(batch, walk.node)[sub]  # [L]
+                stop_probs = ops.table_rows(target_probs, sub, bonus_node)  # [L, V]
                 accepted = torch.full_like(node, PAD)  # [L]
             else:
-                target = target_probs[sub, node]  # [L, V]
-                draft = draft_probs[sub, node]  # [L, V]
+                target = ops.table_rows(target_probs, sub, node)  # [L, V]
+                draft = ops.table_rows(draft_probs, sub, node)  # [L, V]
                 extra = self.level_extras(extras, depth, walk.node, walk.done)[sub]  # [L, P]
                 step = self.step(
                     extra, target, draft, candidate_tokens, valid, accept_uniforms, owned=True
                 )  # target, draft: this level's own gathered rows
                 stop_probs = step.stop_probs  # [L, V]
                 if some_leaf:  # static off the CPU (always); there a free host read
-                    bonus = target_probs[sub, self.bonus_row(batch, walk.node)[sub]]  # [L, V]
+                    bonus_node = self.bonus_row(batch, walk.node)[sub]  # [L]
+                    bonus = ops.table_rows(target_probs, sub, bonus_node)  # [L, V]
                     stop_probs = torch.where(leaf[:, None], bonus, stop_probs)  # [L, V]
                 accepted = torch.where(leaf, PAD, step.accepted)  # [L]
             drawn = ops.draw_rows(stop_probs, noise.sample[sub, node])  # [L]

@@ -657,7 +657,11 @@ class ResiSpec(NodeLowering):
             searched,
             bound,
             lambda rows: policy.at_node(
-                target[rows], draft[rows], counts[rows], num_slots, parameters[rows]
+                ops.take_rows(target, rows),
+                ops.take_rows(draft, rows),
+                counts[rows],
+                num_slots,
+                parameters[rows],
             ),
         )  # [B]
 
@@ -740,7 +744,8 @@ class ResiSpec(NodeLowering):
             staging = torch.zeros_like(staging)  # [B]: only a rejecting row tests on
             if rows.shape[0] == 0:
                 continue
-            rows_current, rows_proposal, rows_token = current[rows], proposal[rows], token[rows]
+            rows_current, rows_token = ops.take_rows(current, rows), token[rows]  # [R, V], [R]
+            rows_proposal = ops.take_rows(proposal, rows)  # [R, V]
             rows_target = rows_draft = None  # read only by the policies that say so
             if policy.reads_target:  # static: the policy's; t_1 = p (no second copy)
                 if not shaped:  # p of these rows, kept aside: later rejecting rows are among them
@@ -748,9 +753,9 @@ class ResiSpec(NodeLowering):
                     kept_index = torch.full_like(counts, PAD)  # [B]: each row's place there
                     kept_index[rows] = torch.arange(rows.shape[0], device=rows.device)
                 else:
-                    rows_target = kept_target[kept_index[rows]]
+                    rows_target = ops.take_rows(kept_target, kept_index[rows])
             if policy.reads_draft:  # static: the policy's; q_1 = q (no second copy)
-                rows_draft = rows_proposal if not proposed else draft[rows]
+                rows_draft = rows_proposal if not proposed else ops.take_rows(draft, rows)
             _, rest, mass = self.stage(
                 resolved_rows(resolved, rows), rows_target, rows_draft, rows_current,
                 rows_proposal, slot + 1, counts[rows], rows_token,

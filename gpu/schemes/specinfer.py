@@ -145,7 +145,8 @@ class RecursiveRejection(NodeLowering):
             rows = (testing & ~passes).nonzero()[:, 0]  # [R], the host read
             if rows.shape[0] == 0:
                 continue
-            rows_current, rows_draft, rows_token = current[rows], running[rows], token[rows]
+            rows_current, rows_draft = ops.take_rows(current, rows), ops.take_rows(running, rows)
+            rows_token = token[rows]  # [R]
             next_current, next_draft = self.update(rows_current, rows_draft, rows_token)
             if guessed is not None:  # a rejected guess leaves p' without its token
                 removed = ops.remove_token(rows_current, rows_token)  # [R, V]

@@ -307,7 +307,7 @@ def newton_rho(
             keep = np.flatnonzero(~done)
             rows, state = rows[keep], state.take(keep)
             index = torch.from_numpy(keep)
-            target, draft = target[index], draft[index]
+            target, draft = ops.take_rows(target, index), ops.take_rows(draft, index)
             work = work[: len(keep)]
         point = state.proposal()  # [R] float32 values, as float64
         rho = point.astype(np.float32)  # [R]
@@ -608,7 +608,9 @@ class SpecTr(NodeLowering):
         return searched_where(
             searched,
             bound,
-            lambda rows: optimal_rho(target[rows], draft[rows], counts[rows], num_slots),
+            lambda rows: optimal_rho(
+                ops.take_rows(target, rows), ops.take_rows(draft, rows), counts[rows], num_slots
+            ),
         )  # [B]
 
     def stopping_rows(
@@ -634,8 +636,8 @@ class SpecTr(NodeLowering):
             return target
         out = target if owned else target.clone()  # [B, V]
         out[rows] = self.stop_probs(
-            target[rows], draft[rows], rho[rows], counts[rows], candidate_tokens[rows],
-            candidate_valid[rows],
+            ops.take_rows(target, rows), ops.take_rows(draft, rows), rho[rows], counts[rows],
+            candidate_tokens[rows], candidate_valid[rows],
         )  # fmt: skip
         return out
 
