@@ -151,9 +151,9 @@ class Block(TreeLowering):
         """Law of the token emitted after accepting up to ``node``, ``[B, V]``: the bonus at the
         chain's end, else the normalised w-weighted residual (the target if it has no mass)."""
         rows = torch.arange(node.shape[0], device=node.device)  # [B]
-        target = target_probs[rows, node]  # [B, V]
+        target = ops.table_rows(target_probs, rows, node)  # [B, V]
         scale = weights[rows, node].to(target.dtype)[:, None]  # [B, 1]
-        residual = (target * scale).sub_(draft_probs[rows, node]).clamp_min_(0)  # [B, V]
+        residual = (target * scale).sub_(ops.table_rows(draft_probs, rows, node)).clamp_min_(0)
         mass = ops.numpy_sum(residual)[:, None]  # [B, 1]
         has_mass = mass > 0  # [B, 1]
         normalised = residual.div_(torch.where(has_mass, mass, 1.0))  # [B, V]

@@ -439,8 +439,8 @@ class Traversal(TreeLowering):
         slot = batch.depth[rows, leaf].clamp(0, state.slots - 1)  # [B]
         probs = torch.where(
             state.updated_target[rows, leaf][:, None],
-            state.state_target[rows, slot],
-            target_probs[rows, leaf],
+            ops.table_rows(state.state_target, rows, slot),
+            ops.table_rows(target_probs, rows, leaf),
         )  # [B, V]
         token = ops.draw_rows(probs, noise.sample[rows, leaf])  # [B]
         return self.emitted_tokens(batch, leaf, token)
