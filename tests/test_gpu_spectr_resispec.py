@@ -484,6 +484,48 @@ def test_steps_overwrite_only_the_rows_they_own(lowering: Any) -> None:
     assert stopped_after_two > 10  # later stages ran, reading p and q of rejecting rows
 
 
+class HalvedThenWhole(lowered.Policy):
+    r"""A custom lowered policy reading both tables (the base class's flags, no clamp
+    guarantees): :math:`a_1 = t_1^2`, then :math:`a_k = t_k` (plus :math:`0 \cdot p q`)."""
+
+    def sub_target(self, resolved, target, draft, current, proposal, index, counts):
+        return (current * current if index == 1 else current) + 0.0 * target * draft
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+def test_host_route_equals_the_sync_free_loop_for_a_policy_reading_both_tables(
+    scaled: bool, monkeypatch
+) -> None:
+    """The CPU route's compact rows (:meth:`ResiSpec.host_step`) against the sync-free loop
+    that forms every row's update at every slot, owned or not, for a policy that reads ``p``
+    and ``q`` at every stage. ``scaled``: a draft of 4x the target's mass (i.i.d. rows, so q
+    is never renormalised) makes a row that rejected the first two slots stop there with no
+    mass left (t_2, at most 2p, kept whole): that stop row comes from the compact rows."""
+    lowering = lowered.ResiSpec(reference.Greedy())
+    lowering.policy = HalvedThenWhole(reference.Greedy())
+    later_zero_mass = 0
+    for seed in range(3):
+        extras, target, draft, tokens, valid, uniforms = owned_step_inputs(lowering, seed)
+        if scaled:
+            draft = 4 * target
+            extras[:, 0] = 0.0  # i.i.d. rows
+            tokens = torch.where(target.gather(-1, tokens) > 0, tokens, target.argmax(-1, True))
+        inputs = target.clone(), draft.clone()
+        host = lowering.step(extras, target, draft, tokens, valid, uniforms)
+        assert torch.equal(target, inputs[0]) and torch.equal(draft, inputs[1])
+        owned = lowering.step(extras, target.clone(), draft.clone(), tokens, valid, uniforms, True)
+        with monkeypatch.context() as patch:
+            patch.setattr(lowered.ResiSpec, "rejecting_rows_only", lambda self, target: False)
+            loop = lowering.step(extras, target, draft, tokens, valid, uniforms)
+        stopped = loop.accepted == PAD  # [B]: the rows the walk draws from
+        for step in (host, owned):
+            assert torch.equal(step.accepted, loop.accepted)
+            assert torch.equal(step.stop_probs[stopped], loop.stop_probs[stopped])
+        reached = stopped & (valid.sum(-1) >= 3) & (uniforms[:, :2] >= 0.5).all(-1)  # [B]
+        later_zero_mass += int((reached & (loop.stop_probs != target).any(-1)).sum())
+    assert later_zero_mass > 0 or not scaled
+
+
 @pytest.mark.parametrize("policy", [reference.ConfidenceDamping(), reference.ConstantRatio()])
 def test_resispec_host_route_updating_too_few_rows_is_caught(policy: Any, monkeypatch) -> None:
     """Mutant of the CPU route: each stage formed for the rejecting rows but the shaped rest

@@ -703,34 +703,48 @@ class ResiSpec(NodeLowering):
         (the policy's :math:`a_k` is pointwise: applied to the gathered columns it gives the
         gathered values of the whole rows, bit for bit) and each stage's update
         (:meth:`stage`, the next :math:`t` and a without-replacement row's next :math:`q`)
-        formed for the rows that reject that slot only, read on the host, and written over
-        the running rows: copies of ``target`` and ``draft``, or, when the caller ``owned``
-        them (the walk's gathered rows), those rows themselves; for a policy that
-        :attr:`~Policy.reads_target`, :math:`p` at the candidates and the first rejecting
-        rows' :math:`p` are read before anything is written (the rows rejecting a later slot
-        rejected the first), and ``draft`` is overwritten only for a policy that does not read
-        it. A row that
-        accepted, or is not tested, costs no pass over ``V``; its running rows go stale,
-        unread: the walk draws from the returned rows only where every candidate was rejected
-        (the sync-free loop of :meth:`step` forms every row's update at every slot and
-        selects)."""
+        formed for the rows that reject that slot only, read on the host.
+
+        The running rows stay **compact** between slots: :math:`t_k`, :math:`q_k` (and
+        :math:`p`, :math:`q` for a policy that :attr:`~Policy.reads_target` /
+        :attr:`~Policy.reads_draft`) of the rows that rejected the last slot, in row order
+        (``live``). A slot's rejecting rows are among them: they are gathered from the compact
+        rows only where fewer reject than went on (none at all where every row rejects again),
+        and a row's :math:`t` is written into the returned rows once, when it stops rejecting
+        (no candidate left, or no mass left: :math:`t_k`), instead of every running row being
+        written back at every slot. The returned rows are ``target`` itself when the caller
+        ``owned`` it (the walk's gathered rows), else a copy made at the first write; :math:`p`
+        at the candidates is read before anything is written, and a :math:`q_k` is written
+        over in place only where it is this step's own (gathered, or an owned ``draft``) and
+        the policy does not read ``draft``. A row that accepted, or is not tested, costs no
+        pass over ``V``; its returned row goes stale, unread: the walk draws from the
+        returned rows only where every candidate was rejected (the sync-free loop of
+        :meth:`step` forms every row's update at every slot and selects)."""
         policy = self.policy
-        current, proposal = target, draft  # [B, V] each: t_k and q_k of the running rows
-        shaped = proposed = False  # whether current (proposal) holds a written row yet
-        in_place = owned and not policy.reads_draft  # proposal written over draft itself
+        num_rows, num_slots = candidate_tokens.shape
+        in_place = not policy.reads_draft  # whether a q_k of our own may be written over
         target_columns = None  # [B, C]: p at the candidates, read before target is written
         if policy.reads_target:  # static: the policy's
             target_columns = target.gather(-1, candidate_tokens)  # [B, C]
-        kept_target = kept_index = None  # p of the first rejecting rows, and where each is
         any_without = bool(without.any())  # the host read (free here)
+        out, written = target, owned  # [B, V]: the returned rows; whether out is ours
+        live: torch.Tensor | None = None  # [R]: the compact rows' ids (None: the inputs' rows)
+        position = torch.empty_like(counts)  # [B]: each live row's place in the compact rows
+        current, proposal = target, draft  # [R, V]: t_k and q_k of the live rows
+        rows_target, rows_draft = target, draft  # [R, V]: p and q there, for the policies
+        proposal_owned = owned and in_place  # whether proposal may be written over
         uniforms = accept_uniforms  # [B, C]
         accepted = torch.full_like(counts, PAD)  # [B]
         staging = candidate_valid[:, 0]  # [B]: the plan reaches this slot
-        for slot in range(candidate_tokens.shape[1]):
+        for slot in range(num_slots):
             token = candidate_tokens[:, slot]  # [B]
             staging = staging & candidate_valid[:, slot]  # [B]
             column = token[:, None]  # [B, 1]
-            current_x, proposal_x = current.gather(-1, column), proposal.gather(-1, column)
+            if live is None:
+                current_x, proposal_x = current.gather(-1, column), proposal.gather(-1, column)
+            else:  # the live rows' entries, spread to [B] (zeros elsewhere: not tested)
+                current_x = spread_rows(current.gather(-1, column[live]), live, num_rows)
+                proposal_x = spread_rows(proposal.gather(-1, column[live]), live, num_rows)
             target_x = None if target_columns is None else target_columns[:, slot : slot + 1]
             draft_x = draft.gather(-1, column) if policy.reads_draft else None  # [B, 1]
             kept_x = self.kept_at(
@@ -740,50 +754,74 @@ class ResiSpec(NodeLowering):
                 slot, kept_x[:, 0], proposal_x[:, 0], staging, accepted, uniforms,
                 candidate_tokens,
             )  # fmt: skip
-            rows = rejected.nonzero()[:, 0]  # [R], the host read
-            staging = torch.zeros_like(staging)  # [B]: only a rejecting row tests on
-            if rows.shape[0] == 0:
-                continue
-            rows_current, rows_token = ops.take_rows(current, rows), token[rows]  # [R, V], [R]
-            rows_proposal = ops.take_rows(proposal, rows)  # [R, V]
-            rows_target = rows_draft = None  # read only by the policies that say so
-            if policy.reads_target:  # static: the policy's; t_1 = p (no second copy)
-                if not shaped:  # p of these rows, kept aside: later rejecting rows are among them
-                    rows_target = kept_target = rows_current
-                    kept_index = torch.full_like(counts, PAD)  # [B]: each row's place there
-                    kept_index[rows] = torch.arange(rows.shape[0], device=rows.device)
-                else:
-                    rows_target = ops.take_rows(kept_target, kept_index[rows])
-            if policy.reads_draft:  # static: the policy's; q_1 = q (no second copy)
-                rows_draft = rows_proposal if not proposed else ops.take_rows(draft, rows)
+            rows = rejected.nonzero()[:, 0]  # [R'], the host read: among the live rows
+            if rows.shape[0] == 0:  # no row tests on: the later slots test nothing
+                break
+            if rows.shape[0] < (num_rows if live is None else live.shape[0]):  # gather them
+                at = rows if live is None else position[rows]  # [R']
+                current, proposal = ops.take_rows(current, at), ops.take_rows(proposal, at)
+                if policy.reads_target:  # static: the policy's; t_1 = p: no second copy
+                    rows_target = current if live is None else ops.take_rows(rows_target, at)
+                if policy.reads_draft:  # static: the policy's; q_1 = q: no second copy
+                    rows_draft = proposal if live is None else ops.take_rows(rows_draft, at)
+                proposal_owned = in_place
+            rows_token = token[rows]  # [R']
             _, rest, mass = self.stage(
-                resolved_rows(resolved, rows), rows_target, rows_draft, rows_current,
-                rows_proposal, slot + 1, counts[rows], rows_token,
+                resolved_rows(resolved, rows),
+                rows_target if policy.reads_target else None,
+                rows_draft if policy.reads_draft else None,
+                current, proposal, slot + 1, counts[rows], rows_token,
             )  # fmt: skip
-            goes_on = mass[:, 0] > 0  # [R]
+            goes_on = mass[:, 0] > 0  # [R']
             if not bool(goes_on.all()):  # rare: no mass left, the row stops with t_k
-                rows, rest, mass = rows[goes_on], rest[goes_on], mass[goes_on]
-                rows_proposal, rows_token = rows_proposal[goes_on], rows_token[goes_on]
+                if live is not None:  # t_k is a compact row (t_1 = p is the returned row)
+                    stops = (~goes_on).nonzero()[:, 0]
+                    out = out if written else out.clone()
+                    out.index_copy_(0, rows[stops], ops.take_rows(current, stops))
+                    written = True
+                keep = goes_on.nonzero()[:, 0]  # [R'']
+                rows, rows_token, rest, mass = rows[keep], rows_token[keep], rest[keep], mass[keep]
+                proposal = ops.take_rows(proposal, keep)
+                if policy.reads_target:  # static: the policy's
+                    rows_target = ops.take_rows(rows_target, keep)
+                if policy.reads_draft:  # static: the policy's
+                    rows_draft = ops.take_rows(rows_draft, keep)
+                proposal_owned = in_place
                 if rows.shape[0] == 0:
-                    continue
-            staging[rows] = True
-            if not (shaped or owned):
-                current = current.clone()
-            shaped = True
-            current[rows] = rest.div_(mass)  # t_{k+1}
+                    break
+            current = rest.div_(mass)  # [R', V]: t_{k+1}
             shrinks = without[rows]  # [R']
             if any_without and bool(shrinks.any()):  # q_{k+1}: q_k without the token
-                if not bool(shrinks.all()):
-                    rows, rows_proposal, rows_token = (
-                        rows[shrinks],
-                        rows_proposal[shrinks],
-                        rows_token[shrinks],
-                    )
-                if not (proposed or in_place):
-                    proposal = proposal.clone()
-                proposed = True
-                proposal[rows] = ops.remove_token(rows_proposal, rows_token, in_place=True)
-        return NodeStep(accepted, current)
+                if bool(shrinks.all()):
+                    proposal = ops.remove_token(proposal, rows_token, in_place=proposal_owned)
+                else:  # a batch of mixed laws
+                    some = shrinks.nonzero()[:, 0]
+                    removed = ops.remove_token(
+                        ops.take_rows(proposal, some), rows_token[some], in_place=True
+                    )  # fmt: skip
+                    proposal = proposal if proposal_owned else proposal.clone()
+                    proposal.index_copy_(0, some, removed)
+                proposal_owned = in_place
+            live = rows
+            position[rows] = torch.arange(rows.shape[0], device=rows.device)
+            staging = torch.zeros_like(staging)  # [B]: only a rejecting row tests on
+            staging[rows] = True
+            last = slot + 1 == num_slots  # the rows without a next candidate stop with t_{k+1}
+            stops = slice(None) if last else (~candidate_valid[rows, slot + 1]).nonzero()[:, 0]
+            if last or stops.shape[0] > 0:
+                out = out if written else out.clone()
+                out.index_copy_(0, rows[stops], ops.take_rows(current, stops))
+                written = True
+        return NodeStep(accepted, out)
+
+
+def spread_rows(values: torch.Tensor, rows: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """``values [R, ...]`` of the rows ``rows [R]`` placed in a zero ``[num_rows, ...]``.
+
+    >>> spread_rows(torch.tensor([[2.0], [3.0]]), torch.tensor([2, 0]), 3).tolist()
+    [[3.0], [0.0], [2.0]]
+    """
+    return values.new_zeros((num_rows, *values.shape[1:])).index_copy_(0, rows, values)
 
 
 def resolved_at(resolved: Any, column: torch.Tensor) -> Any:
