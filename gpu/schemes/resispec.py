@@ -713,7 +713,8 @@ class ResiSpec(NodeLowering):
         and a row's :math:`t` is written into the returned rows once, when it stops rejecting
         (no candidate left, or no mass left: :math:`t_k`), instead of every running row being
         written back at every slot. The returned rows are ``target`` itself when the caller
-        ``owned`` it (the walk's gathered rows), else a copy made at the first write; :math:`p`
+        ``owned`` it (the walk's gathered rows: ``target`` and ``draft`` two distinct fresh
+        buffers), else a copy made at the first write; :math:`p`
         at the candidates is read before anything is written, and a :math:`q_k` is written
         over in place only where it is this step's own (gathered, or an owned ``draft``) and
         the policy does not read ``draft``. A row that accepted, or is not tested, costs no
