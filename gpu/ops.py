@@ -58,10 +58,11 @@ def compute_dtype(*tables: torch.Tensor) -> torch.dtype:
 
 
 def table_rows(table: torch.Tensor, rows: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
-    """``table[rows, nodes]`` of a ``[B, N, V]`` table (``rows``, ``nodes`` ``[L]``) -> ``[L, V]``,
-    a copy: one ``index_select`` of the flattened ``[B * N, V]`` rows where ``table`` is
-    contiguous (row copies; the CPU's advanced indexing computes an offset per element and
-    costs about a third more), advanced indexing otherwise.
+    """``table[rows, nodes]`` of a ``[B, N, V]`` table (``rows``, ``nodes`` ``[L]``, ids in
+    range: the flat index checks only ``rows * N + nodes``) -> ``[L, V]``, a copy: one
+    ``index_select`` of the flattened ``[B * N, V]`` rows where ``table`` is contiguous (row
+    copies; the CPU's advanced indexing computes an offset per element and costs about a
+    third more), advanced indexing otherwise.
 
     >>> table = torch.arange(12.0).reshape(2, 3, 2)
     >>> table_rows(table, torch.tensor([1, 0]), torch.tensor([2, 0])).tolist()
