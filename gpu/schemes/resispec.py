@@ -728,11 +728,18 @@ class ResiSpec(NodeLowering):
         if policy.reads_target:  # static: the policy's
             target_columns = target.gather(-1, candidate_tokens)  # [B, C]
         any_without = bool(without.any())  # the host read (free here)
-        out, written = target, owned  # [B, V]: the returned rows; whether out is ours
-        live: torch.Tensor | None = None  # [R]: the compact rows' ids (None: the inputs' rows)
-        position = torch.empty_like(counts)  # [B]: each live row's place in the compact rows
+        out, out_owned = target, owned  # [B, V]: the returned rows; whether they are ours
+
+        def stop(ids: torch.Tensor, values: torch.Tensor) -> None:  # the rows ids stop there
+            nonlocal out, out_owned
+            if not out_owned:  # a caller's rows: copied at the first write
+                out, out_owned = target.clone(), True
+            out.index_copy_(0, ids, values)
+
+        live: torch.Tensor | None = None  # [R]: the compact rows' ids, sorted (None: all rows)
         current, proposal = target, draft  # [R, V]: t_k and q_k of the live rows
-        rows_target, rows_draft = target, draft  # [R, V]: p and q there, for the policies
+        rows_target = target if policy.reads_target else None  # [R, V]: p there, if read
+        rows_draft = draft if policy.reads_draft else None  # [R, V]: q there, if read
         proposal_owned = owned and in_place  # whether proposal may be written over
         uniforms = accept_uniforms  # [B, C]
         accepted = torch.full_like(counts, PAD)  # [B]
@@ -759,33 +766,29 @@ class ResiSpec(NodeLowering):
             if rows.shape[0] == 0:  # no row tests on: the later slots test nothing
                 break
             if rows.shape[0] < (num_rows if live is None else live.shape[0]):  # gather them
-                at = rows if live is None else position[rows]  # [R']
+                at = rows if live is None else torch.searchsorted(live, rows)  # [R']
                 current, proposal = ops.take_rows(current, at), ops.take_rows(proposal, at)
-                if policy.reads_target:  # static: the policy's; t_1 = p: no second copy
+                if rows_target is not None:  # t_1 = p: no second copy
                     rows_target = current if live is None else ops.take_rows(rows_target, at)
-                if policy.reads_draft:  # static: the policy's; q_1 = q: no second copy
+                if rows_draft is not None:  # q_1 = q: no second copy
                     rows_draft = proposal if live is None else ops.take_rows(rows_draft, at)
                 proposal_owned = in_place
             rows_token = token[rows]  # [R']
             _, rest, mass = self.stage(
-                resolved_rows(resolved, rows),
-                rows_target if policy.reads_target else None,
-                rows_draft if policy.reads_draft else None,
-                current, proposal, slot + 1, counts[rows], rows_token,
+                resolved_rows(resolved, rows), rows_target, rows_draft, current, proposal,
+                slot + 1, counts[rows], rows_token,
             )  # fmt: skip
             goes_on = mass[:, 0] > 0  # [R']
             if not bool(goes_on.all()):  # rare: no mass left, the row stops with t_k
                 if live is not None:  # t_k is a compact row (t_1 = p is the returned row)
                     stops = (~goes_on).nonzero()[:, 0]
-                    out = out if written else out.clone()
-                    out.index_copy_(0, rows[stops], ops.take_rows(current, stops))
-                    written = True
+                    stop(rows[stops], ops.take_rows(current, stops))
                 keep = goes_on.nonzero()[:, 0]  # [R'']
                 rows, rows_token, rest, mass = rows[keep], rows_token[keep], rest[keep], mass[keep]
                 proposal = ops.take_rows(proposal, keep)
-                if policy.reads_target:  # static: the policy's
+                if rows_target is not None:
                     rows_target = ops.take_rows(rows_target, keep)
-                if policy.reads_draft:  # static: the policy's
+                if rows_draft is not None:
                     rows_draft = ops.take_rows(rows_draft, keep)
                 proposal_owned = in_place
                 if rows.shape[0] == 0:
@@ -804,15 +807,12 @@ class ResiSpec(NodeLowering):
                     proposal.index_copy_(0, some, removed)
                 proposal_owned = in_place
             live = rows
-            position[rows] = torch.arange(rows.shape[0], device=rows.device)
             staging = torch.zeros_like(staging)  # [B]: only a rejecting row tests on
             staging[rows] = True
             last = slot + 1 == num_slots  # the rows without a next candidate stop with t_{k+1}
             stops = slice(None) if last else (~candidate_valid[rows, slot + 1]).nonzero()[:, 0]
             if last or stops.shape[0] > 0:
-                out = out if written else out.clone()
-                out.index_copy_(0, rows[stops], ops.take_rows(current, stops))
-                written = True
+                stop(rows[stops], ops.take_rows(current, stops))
         return NodeStep(accepted, out)
 
 
