@@ -56,8 +56,8 @@ How each step is computed:
   full sort is learnt by one host read, on top of validation's.
 * **Top-p alone below float64, ``validate=True``** (top-k off on every row, known on the host):
   peaked rows first (:func:`_keep_top_p`): where a bound on the mass of any 64 tokens from the
-  row's 16-token block sums reaches ``top_p`` (the nucleus may lie in the first 64 ranks) on at
-  least half of the rows, a partial sort of those ranks
+  row's block sums (blocks of 16 tokens, 64 from 16,384 up) reaches ``top_p`` (the nucleus may
+  lie in the first 64 ranks) on at least half of the rows, a partial sort of those ranks
   by :func:`~specsampling.gpu.ops.topk_blocks` decides the row exactly by the rules below, the
   row's integer total bounded from the same block sums (:func:`_fixed_total_band`; a rank
   within the band's rounding of the threshold leaves the row undecided). Every other row goes to
@@ -560,11 +560,26 @@ def _top_p_with_fallback(
 
 
 #: Top-p alone below float64: the ranks a partial sort tries first on peaked rows
-#: (:func:`_keep_top_p`), the block length of the bound that picks those rows, and the share of
-#: peaked rows from which the partial sort runs (on every row: a row copy costs more than it).
+#: (:func:`_keep_top_p`), the block length of the bound that picks those rows (longer blocks from
+#: :data:`_LONG_BOUND_VOCAB` tokens up: :func:`_bound_block`), and the share of peaked rows from
+#: which the partial sort runs (on every row: a row copy costs more than it).
 _PEAKED_PREFIX = 64
 _BOUND_BLOCK = 16
+_LONG_BOUND_BLOCK = 64
+_LONG_BOUND_VOCAB = 16_384
 _PEAKED_SHARE = 0.5
+
+
+def _bound_block(vocab_size: int) -> int:
+    """The block length of :func:`_keep_top_p`'s bound: 16 tokens, 64 from 16,384 tokens up.
+
+    A uniform row's blocks then hold at most 1/256 of its mass (64 / 16,384, as 16 / 4,096),
+    under the bound's per-block allowance ``top_p / 128`` for ``top_p >= 1/2``, so flat rows stay
+    ruled out; longer blocks make the block sums' reduction cheaper on the CPU (a sum over a
+    last axis of 16 costs about twice one of 64 there; the bound on 576 rows of 32,000 tokens
+    went from about 8 to 4 % of a top-p call, and the rows it calls peaked are the same on the
+    benchmark's flat and peaked tables)."""
+    return _LONG_BOUND_BLOCK if vocab_size >= _LONG_BOUND_VOCAB else _BOUND_BLOCK
 
 
 def _top_mass_bound(sums: torch.Tensor, count: int, cap: torch.Tensor) -> torch.Tensor:
@@ -593,7 +608,8 @@ def _keep_top_p(probs: torch.Tensor, counts: torch.Tensor, masses: torch.Tensor)
     vocab_size = probs.shape[-1]
     if vocab_size <= 8 * _PEAKED_PREFIX or len(probs) == 0:
         return _keep_nucleus(probs, masses)
-    sums = ops.block_sums(probs, _BOUND_BLOCK)  # [R, nb]
+    width = _bound_block(vocab_size)
+    sums = ops.block_sums(probs, width)  # [R, nb]
     cap = masses.clamp(max=1.0) / (2 * _PEAKED_PREFIX)  # [R]: half of top_p from the count
     bound = _top_mass_bound(sums, _PEAKED_PREFIX, cap).to(torch.float64)  # [R]
     peaked = bound >= masses * (1 - 1e-3)  # [R]; top-p off (inf): False
@@ -602,7 +618,7 @@ def _keep_top_p(probs: torch.Tensor, counts: torch.Tensor, masses: torch.Tensor)
         return _keep_nucleus(probs, masses)
     values = ops.topk_blocks(probs, _PEAKED_PREFIX)[0]  # [R, m], decreasing
     valid = torch.full(counts.shape, _PEAKED_PREFIX, device=probs.device)  # [R]
-    band = _fixed_total_band(probs, sums, _BOUND_BLOCK)  # the row totals, from the same sums
+    band = _fixed_total_band(probs, sums, width)  # the row totals, from the same sums
     return _top_p_with_fallback(probs, counts, masses, values, valid, nucleus=True, band=band)
 
 
@@ -713,6 +729,22 @@ def _fixed_total_band(
     return low.clamp(0, 2.0**62).to(torch.int64), high.clamp(0, 2.0**62).to(torch.int64)
 
 
+def _histogram_pieces(rows: int, vocab_size: int, device: torch.device) -> int:
+    """Pieces each row of a :func:`_keep_nucleus` chunk is cut into for its ``scatter_add``: on
+    the CPU, where the scatter runs row by row on torch's threads, halves of halves while the
+    chunk has fewer pieces than twice the threads, ``V`` splits evenly and each piece keeps at
+    least 16,384 tokens (one row of 151,936 tokens: 4 pieces, about half the scatter's time on
+    2 cores); elsewhere 1."""
+    if device.type != "cpu":
+        return 1
+    pieces, threads = 1, torch.get_num_threads()
+    while rows * pieces < 2 * threads and vocab_size % (2 * pieces) == 0:
+        if vocab_size // (2 * pieces) < 16_384:
+            break
+        pieces *= 2
+    return pieces
+
+
 def _keep_nucleus(probs: torch.Tensor, masses: torch.Tensor) -> _Kept:
     r"""Top-p alone below float64 (the kept tokens), exactly
     :func:`_keep_sorted`'s set, by a radix select instead of a sort.
@@ -738,6 +770,7 @@ def _keep_nucleus(probs: torch.Tensor, masses: torch.Tensor) -> _Kept:
     int_dtype, radix_shift = _RADIX[probs.dtype]
     num_keys = 1 << (torch.finfo(probs.dtype).bits - 2 - radix_shift)  # values <= 1: half of them
     step = _row_chunks(probs, _NUCLEUS_CHUNK_ELEMENTS)
+    narrow_buffer = torch.empty(step, vocab_size, dtype=int_dtype, device=probs.device)
     key_buffer = torch.empty(step, vocab_size, dtype=torch.int64, device=probs.device)
     unit_buffer = torch.empty(step, vocab_size, dtype=torch.int64, device=probs.device)
     scaled_buffer = torch.empty(step, vocab_size, dtype=probs.dtype, device=probs.device)
@@ -747,11 +780,19 @@ def _keep_nucleus(probs: torch.Tensor, masses: torch.Tensor) -> _Kept:
     for start in range(0, num_rows, step):
         chunk = probs[start : start + step]  # [c, V]
         size = len(chunk)
-        keys = key_buffer[:size].copy_(chunk.view(int_dtype)).bitwise_right_shift_(radix_shift)
-        keys.bitwise_and_(num_keys - 1)  # a no-op on probabilities; a NaN's sign bit dropped
+        # the keys in the float's own width (half an int64 pass each), widened once for scatter
+        narrow = torch.bitwise_right_shift(
+            chunk.view(int_dtype), radix_shift, out=narrow_buffer[:size]
+        )
+        narrow.bitwise_and_(num_keys - 1)  # a no-op on probabilities; a NaN's sign bit dropped
+        keys = key_buffer[:size].copy_(narrow)  # [c, V] int64
         units = unit_buffer[:size].copy_(torch.mul(chunk, scale, out=scaled_buffer[:size]))
-        mass = torch.zeros(size, num_keys, dtype=torch.int64, device=probs.device)
-        below = mass.scatter_add_(-1, keys, units).cumsum_(-1)  # [c, K]: keys <= k, inclusive
+        pieces = _histogram_pieces(size, vocab_size, probs.device)
+        mass = torch.zeros(size * pieces, num_keys, dtype=torch.int64, device=probs.device)
+        mass.scatter_add_(-1, keys.view(size * pieces, -1), units.view(size * pieces, -1))
+        if pieces > 1:  # integer sums: the pieces' histograms add up exactly
+            mass = mass.view(size, pieces, num_keys).sum(1)
+        below = mass.cumsum_(-1)  # [c, K]: keys <= k, inclusive
         total = below[:, -1:]  # [c, 1]
         threshold = _fixed_threshold(masses[start : start + step], total[:, 0])  # [c]
         # a key's mass at or above it is total - (the mass below it): the boundary is the
@@ -761,7 +802,7 @@ def _keep_nucleus(probs: torch.Tensor, masses: torch.Tensor) -> _Kept:
         above = total[:, 0] - below.gather(-1, boundary.clamp(min=0)[:, None])[:, 0]  # [c]
         aboves.append(above)  # the mass of the keys above the boundary
         thresholds.append(threshold)
-        chosen = torch.eq(keys, boundary[:, None], out=chosen_buffer[:size])  # [c, V]
+        chosen = torch.eq(narrow, boundary.to(int_dtype)[:, None], out=chosen_buffer[:size])
         where = chosen.nonzero()  # [n, 2], row-major: each row's boundary tokens in token order
         counts.append(torch.bincount(where[:, 0], minlength=size))  # (a bool sum costs more)
         flats.append(chunk[where[:, 0], where[:, 1]])  # [n]

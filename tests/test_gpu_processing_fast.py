@@ -344,11 +344,14 @@ def peaked_and_flat_rows(vocab_size: int) -> torch.Tensor:
     return torch.cat([peaked, flat])
 
 
-def test_top_p_alone_peaked_rows_skip_the_radix_select_and_flat_rows_the_prefix(monkeypatch):
+@pytest.mark.parametrize("vocab_size", [5000, 20_000])  # the bound's short and long blocks
+def test_top_p_alone_peaked_rows_skip_the_radix_select_and_flat_rows_the_prefix(
+    monkeypatch, vocab_size
+):
     """Rows the prefix decides never reach the radix select; rows the bound rules out never pay
     for the prefix (nor do peaked rows in a batch of mostly flat ones); the kept tokens are the
     integer-mass rule's (an independent implementation) and the full sort's either way."""
-    x = peaked_and_flat_rows(5000)
+    x = peaked_and_flat_rows(vocab_size)
     calls = {"radix": 0, "prefix": 0}
     radix, topk = processing._keep_nucleus, processing.ops.topk_blocks
 
@@ -465,6 +468,28 @@ def test_float32_top_p_keeps_the_integer_mass_nucleus(vocab_size):
             got = process(x, 1.0, top_k, top_p) > 0
             assert np.array_equal(got.numpy(), expected), (top_p, top_k)
         assert np.array_equal(full_sort(x, 1.0, None, top_p).numpy() > 0, expected)
+
+
+def test_radix_select_splits_few_long_rows_into_pieces_exactly():
+    """A chunk of one or two long rows is histogrammed in pieces (the CPU's threads scatter
+    row by row): the kept sets still equal the integer-mass rule's, ties and all."""
+    vocab_size = 65_536
+    assert processing._histogram_pieces(1, vocab_size, torch.device("cpu")) > 1
+    assert processing._histogram_pieces(1, vocab_size + 1, torch.device("cpu")) == 1  # odd V
+    rng = np.random.default_rng(11)
+    rows = np.stack(
+        [rng.normal(size=vocab_size) * 3, rng.integers(0, 4, vocab_size).astype(np.float64)]
+    )
+    x = torch.tensor(rows, dtype=torch.float32)
+    probs = torch.softmax(x, -1)
+    for top_p in [0.9, 0.5]:
+        expected = np.stack([integer_nucleus(row, top_p) for row in probs.numpy()])
+        for part in (slice(0, 1), slice(0, 2)):
+            masses = torch.full((len(rows[part]),), top_p, dtype=torch.float64)
+            kept = processing._keep_nucleus(probs[part].clone(), masses)
+            got = probs[part].clone()
+            processing._zero_dropped(got, kept)
+            assert np.array_equal(got.numpy() > 0, expected[part]), (top_p, part)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
