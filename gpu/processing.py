@@ -152,7 +152,8 @@ def process(
         per row, ``top_k >= vocab_size`` and ``top_p = 1`` are "off" too.
     validate : bool, default True
         Check the values of tensor inputs (NaN / +inf logits, all ``-inf`` rows, per-row tensor
-        parameters), raising the reference's errors. This costs one host synchronisation, and
+        parameters), raising the reference's errors (the row maxima that check reads are reused
+        by the softmax). This costs one host synchronisation, and
         with top-k or top-p on one to four more, which let top-p alone below float64 run on a
         partial sort of peaked rows and a radix select, and top-k / top-p on a partial sort
         (rows it cannot decide go to the full sort). With ``validate=False`` the call never
@@ -215,8 +216,10 @@ def process(
     temperature = _Parameter.parse(temperature, "temperature", batch_shape, x.device)
     top_k = _Parameter.parse(top_k, "top_k", batch_shape, x.device)
     top_p = _Parameter.parse(top_p, "top_p", batch_shape, x.device)
+    row_max = None  # [R, 1]: each row's largest logit, where validation has read it
     if validate:
-        _check_values(logits, batch_shape, (temperature, top_k, top_p))
+        row_max = _check_values(logits, batch_shape, (temperature, top_k, top_p))
+        row_max = row_max.reshape(-1, 1).to(dtype)  # exact: an upcast, or monotone rounding
 
     greedy = (temperature.rows == 0)[:, None]  # [R, 1]
     if temperature.host and temperature.host_max == 0:  # greedy on every row
@@ -226,7 +229,7 @@ def process(
         sync_free = not (validate or _reads_are_free(x.device))
         probs = _top_k_logits(x, temperature, greedy, top_k, top_p, sync_free, buffer)  # [R, V]
     else:
-        probs = _softmax(x, temperature, greedy, buffer)  # [R, V], new or `buffer`
+        probs = _softmax(x, temperature, greedy, buffer, row_max)  # [R, V], new or `buffer`
         kept = _keep(probs, top_k, top_p, validate)  # or None: every token kept
         if kept is not None:
             _zero_dropped(probs, kept)  # in place
@@ -363,9 +366,11 @@ def _softmax(
     temperature: _Parameter,
     greedy: torch.Tensor,
     out: torch.Tensor | None = None,
+    row_max: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``softmax((x - max x) / T)`` per row of ``x [R, V]`` (T = 0 rows: divisor 1), a new tensor
-    or ``out [R, V]`` (never ``x`` itself).
+    or ``out [R, V]`` (never ``x`` itself). ``row_max [R, 1]``, each row's largest entry in
+    ``x``'s dtype (validation's read of it), spares the pass that finds it.
 
     Float64 mirrors the reference step by step (subtract, divide, ``exp``, divide by the pairwise
     row sum). Below float64 it is one buffer and a fused softmax: ``softmax(x)`` for a host
@@ -382,7 +387,8 @@ def _softmax(
             scaled = torch.div(x, temperature.host_min, out=out)  # [R, V]
             return torch._softmax(scaled, -1, False, out=scaled)
     divisor = _divisor(x, temperature, greedy)  # [R, 1]
-    scaled = torch.sub(x, x.amax(-1, keepdim=True), out=out).div_(divisor)  # [R, V]
+    top = x.amax(-1, keepdim=True) if row_max is None else row_max  # [R, 1]
+    scaled = torch.sub(x, top, out=out).div_(divisor)  # [R, V]
     if x.dtype != torch.float64:
         return torch._softmax(scaled, -1, False, out=scaled)
     probs = scaled.exp_()
@@ -1136,7 +1142,9 @@ def _broadcast_rows(value: torch.Tensor, name: str, batch_shape: tuple) -> torch
 
 
 def _check_values(logits, batch_shape, parameters):
-    """Raise the reference's error for bad tensor values, reading one flag vector (one sync)."""
+    """Raise the reference's error for bad tensor values, reading one flag vector (one sync);
+    return each row's largest logit (``batch_shape``, ``logits``' dtype), which the softmax
+    reuses."""
     bad_rows = [_bad_rows(parameter) for parameter in parameters]
     top = logits.amax(-1)  # [...]: NaN if the row has a NaN, else its largest entry
     flags = [
@@ -1159,6 +1167,7 @@ def _check_values(logits, batch_shape, parameters):
             except ValueError as error:
                 raise ValueError(f"{error} at row {row}") from None
             raise AssertionError("unreachable: a flagged value passed the scalar check")
+    return top
 
 
 def _bad_rows(parameter: _Parameter) -> torch.Tensor:

@@ -411,6 +411,23 @@ def test_no_host_sync_without_validation_and_few_reads_with_it(device, monkeypat
     assert reads == ["tolist"]
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_validation_s_row_maxima_give_the_unchecked_probabilities(dtype):
+    """With validate=True the softmax shifts each row by the maximum validation read; rows whose
+    scales differ by far more than exp's range come out as without validation, bit for bit (a
+    maximum taken from another row, or from all of them, empties a row or overflows it)."""
+    x = torch.randn(2, 3, 40, dtype=torch.float64)
+    x[0, 1] += 3e4
+    x[1, 0] -= 5e4
+    x[1, 2, ::3] = -math.inf
+    x = x.to(dtype)
+    for temperature in [0.5, 2.0, [[0.7, 0.0, 1.5], [0.3, 1.0, 0.0]]]:
+        got = process(x, temperature)
+        assert torch.equal(got, process(x, temperature, validate=False)), temperature
+        assert torch.isfinite(got).all()
+        assert torch.allclose(got.sum(-1).double(), torch.ones(2, 3, dtype=torch.float64))
+
+
 # ----------------------------------------------------------------------------------------------
 # Mutants: known-buggy variants must fail the float64 comparison (on the tokens they keep)
 
