@@ -144,6 +144,29 @@ def interleaved_median_within(
     return {name: float(np.median(values)) for name, values in times.items()}, rounds
 
 
+def cpu_model() -> str:
+    """The CPU's model name and its last-level cache, as Linux reports them (``/proc/cpuinfo``,
+    ``/sys``), else ``platform.processor()``: runs on different machines of one kind differ by
+    tens of percent, so every result names the CPU it ran on."""
+    import platform
+    from pathlib import Path
+
+    name = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+        caches = sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"))
+        if caches:  # the last index is the last level
+            size = (caches[-1] / "size").read_text().strip()
+            level = (caches[-1] / "level").read_text().strip()
+            name += f", L{level} {size}"
+    except OSError:  # not Linux, or no such files: the name alone
+        pass
+    return name
+
+
 def machine_lines(load_before: tuple[float, ...], load_after: tuple[float, ...]) -> str:
     """Markdown bullet lines: platform, CPUs, versions, torch threads, load average (with a
     warning when it exceeded half the CPU count: the numbers then measure contention), and the
@@ -168,7 +191,7 @@ def machine_lines(load_before: tuple[float, ...], load_after: tuple[float, ...])
         [
             f"- date: {datetime.date.today().isoformat()}",
             f"- platform: {platform.platform()} ({platform.machine()})",
-            f"- CPU count: {cpus}; torch threads: {torch.get_num_threads()}",
+            f"- CPU: {cpu_model()}; count: {cpus}; torch threads: {torch.get_num_threads()}",
             f"- Python {platform.python_version()}, numpy {np.__version__}, torch "
             f"{torch.__version__}, specsampling {ss.__version__}",
             "- load average (1, 5, 15 min) before: "
