@@ -489,8 +489,12 @@ class StandardChain:
             out = torch.empty_like(target)  # [1, V]
             draft = self.host_draft(tables, host, row, lane, out)  # [1, V]
             weights, mass = residual_weights(target, draft, torch.tensor([token]), out=out)
-        u = torch.tensor([host.sample[row][accepted]], dtype=torch.float64)
-        drawn = int(self.draw(target, weights, mass, torch.tensor([bonus]), u)[0])
+        u = host.sample[row][accepted]
+        if weights.dtype == torch.float64:
+            uniform = torch.tensor([u], dtype=torch.float64)
+            drawn = int(self.draw(target, weights, mass, torch.tensor([bonus]), uniform)[0])
+        else:  # :meth:`draw`'s choice and draw, on host values (the same token)
+            drawn = ops.draw_one((target if bonus or not float(mass) > 0 else weights)[0], u)
         if bonus and host.bonus is not None:
             drawn = host.bonus[row]
         return drawn, not bonus and drawn == token

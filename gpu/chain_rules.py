@@ -434,15 +434,20 @@ class BlockChain:
                 if accept[node] < self.acceptance_value(mass, weights[node]):
                     tau = node
                     break
-            u = torch.tensor([sample[tau]], dtype=torch.float64)
             if tau != end and (tau == 0 or mass is None):  # node 0's residual (else tau's)
                 mass = self.host_residual(chain, buffer, row, tau, weights[tau])
-            if tau == end or not mass > 0:  # the target row itself, as stop_draw selects it
-                token = ops.draw_rows(target[row, tau][None], u)
+            use_target = tau == end or not mass > 0  # the target row itself, as stop_draw's
+            if target.dtype != torch.float64:  # categorical_blocks(_or) on host values
+                token = ops.draw_one(target[row, tau] if use_target else buffer[0], sample[tau])
             else:
-                token = self.stop_draw(buffer, target[row, tau][None], torch.tensor([False]), u)
+                u = torch.tensor([sample[tau]], dtype=torch.float64)
+                if use_target:
+                    token = int(ops.draw_rows(target[row, tau][None], u)[0])
+                else:
+                    no = torch.tensor([False])
+                    token = int(self.stop_draw(buffer, target[row, tau][None], no, u)[0])
             nodes.append(tau)
-            drawn.append(int(token[0]))
+            drawn.append(token)
         return host_verdicts(nodes, drawn, drafted, target.device)
 
     def host_residual(

@@ -457,22 +457,50 @@ def _categorical_blocks_host(
     clips to the last positive entry in numpy. The same tokens, bit for bit (tested against
     the batched route). Only the chosen table's row is read."""
     chosen = [False] * weights.shape[0] if use_fallback is None else use_fallback.tolist()
-    tokens = []
-    for row, (threshold_u, choose) in enumerate(zip(u.tolist(), chosen, strict=True)):
-        table = fallback if choose and fallback is not None else weights
-        sums = block_sums(table[row]).numpy()  # [nb]
-        running = np.cumsum(sums, dtype=np.float64)  # [nb]
-        threshold = threshold_u * running[-1]
-        block = min(int(np.searchsorted(running, threshold, side="right")), _last_positive(sums))
-        rest = threshold - (running[block - 1] if block > 0 else 0.0)
-        start = block * CDF_BLOCK
-        values = np.zeros(CDF_BLOCK, dtype=sums.dtype)  # [128], zero past V
-        inside = table[row, start : start + CDF_BLOCK].numpy()
-        values[: inside.shape[0]] = inside
-        inner = np.cumsum(values, dtype=np.float64)  # [128]
-        offset = int(np.searchsorted(inner, rest, side="right"))
-        tokens.append(start + min(offset, _last_positive(values)))
+    tokens = [
+        draw_row_host(fallback[row] if choose and fallback is not None else weights[row], u_row)
+        for row, (u_row, choose) in enumerate(zip(u.tolist(), chosen, strict=True))
+    ]
     return torch.tensor(tokens, dtype=torch.long, device=weights.device)  # [N]
+
+
+def draw_one(row: torch.Tensor, u: float) -> int:
+    """:func:`draw_rows` of one row ``[V]`` below float64 with a Python uniform, as an ``int``:
+    :func:`draw_row_host` where :func:`categorical_blocks` would draw on the host, else its
+    batched route. For the CPU routes' stop draws, which hold their values on the host: no
+    ``[1]`` tensors formed and read back.
+
+    >>> draw_one(torch.tensor([0.0, 2.0, 0.0, 2.0]), 0.75)
+    3
+    """
+    if _draws_on_host(row[None]):
+        return draw_row_host(row, u)
+    uniform = torch.tensor([u], dtype=torch.float64, device=row.device)
+    return int(categorical_blocks_batched(row[None], uniform)[0])
+
+
+def draw_row_host(row: torch.Tensor, u: float) -> int:
+    """:func:`categorical_blocks` of one row ``[V]`` (float32 or float64, on the CPU) with the
+    uniform ``u``, on the host: the row's block sums by torch (the one pass over ``V``, the
+    same values as the batched route's), then the float64 running sums (sequential, as
+    ``torch.cumsum``) and right-sided searches in numpy. The clips to the last positive entry
+    are needed only where a search runs off the end: a search that stops inside lands on a
+    positive entry (its running sum rose there, and a zero leaves a float64 sum unchanged).
+    The batched route's token, bit for bit (tested)."""
+    sums = block_sums(row).numpy()  # [nb]
+    running = sums.cumsum(dtype=np.float64)  # [nb]
+    threshold = u * running[-1]
+    block = int(running.searchsorted(threshold, side="right"))
+    if block == len(sums):  # past the total (rounding, or no mass): the last positive block
+        block = _last_positive(sums)
+    rest = threshold - (running[block - 1] if block > 0 else 0.0)
+    start = block * CDF_BLOCK
+    values = row[start : start + CDF_BLOCK].numpy()  # [<= 128]: the block's weights
+    inner = values.cumsum(dtype=np.float64)  # entries past V count 0: never searched past
+    offset = int(inner.searchsorted(rest, side="right"))
+    if offset == len(values):  # past the block's last entry: its last positive one
+        offset = _last_positive(values)
+    return start + offset
 
 
 def _last_positive(values: np.ndarray) -> int:

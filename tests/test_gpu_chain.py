@@ -1072,6 +1072,32 @@ def random_tables(
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_host_routes_draw_from_the_target_where_the_residual_has_no_mass(
+    dtype: torch.dtype,
+) -> None:
+    """A drafted token of no mass under equal target and draft rows is rejected with a residual
+    of no mass: the stop token is drawn from the target, on the standard engine's host route
+    as on its batched one (one and two rows), never token 0 of an empty residual."""
+    vocab = 300
+    generator = torch.Generator().manual_seed(3)
+    for batch in (1, 2):
+        logits = torch.randn(batch, 3, vocab, generator=generator, dtype=torch.float64)
+        logits[..., :5] = -float("inf")  # tokens 0-4 carry no mass
+        target = logits.softmax(-1).to(dtype)
+        draft = target[:, :2].clone()
+        tokens = torch.tensor([[3, 7]] * batch)  # lane 0 drafts a token of no mass: rejected
+        noise = ssg.Noise(
+            torch.rand(batch, 3, generator=generator, dtype=torch.float64),
+            torch.rand(batch, 3, generator=generator, dtype=torch.float64),
+        )
+        tables = C.padded_tables(tokens, torch.full((batch,), 2), target, draft)
+        host = C.STANDARD_CHAIN.host_run(tables, noise, 1)[0]
+        assert torch.equal(host.tokens, C.STANDARD_CHAIN.batched_run(tables, noise, 1)[0].tokens)
+        assert host.node.tolist() == [0] * batch
+        assert (host.token >= 5).all()  # from the target's support
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_standard_host_run_equals_the_batched_run(dtype: torch.dtype) -> None:
     """``host_run`` and ``batched_run`` of the standard and greedy engines give the same
     verdicts and unresolved flags on the same round: draft tables and point masses, one and
