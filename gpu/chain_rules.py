@@ -14,7 +14,9 @@ drawn (``None``: the point mass :math:`\mathbf 1_{x_i}`). Noise lane :math:`i` i
 categorical_blocks` on the target table viewed as ``[B (γ + 1), V]`` (one blocked sum over the
 target table, then ``[B, γ + 1, 128]``); the draft table is never read. Then
 :math:`k = \min\{i : y_i \ne x_i\}` (or :math:`n_b`) and the row emits
-:math:`x_{0..k-1}, y_k`.
+:math:`x_{0..k-1}, y_k`. On the CPU (host reads are free) :meth:`NSSChain.host_run` draws node
+by node only for the rows still descending, and stops at the first node where none is: the same
+draws, about the chain's acceptance in rows instead of the whole target table.
 
 **block** (:mod:`specsampling.schemes.block`, Sun et al. 2024) and **traversal**
 (:mod:`specsampling.schemes.traversal`, which on a chain tests the same leaves in the same order,
@@ -113,9 +115,15 @@ def take_rows(table: torch.Tensor, lane: torch.Tensor) -> torch.Tensor:
 
 
 class NSSChain:
-    """Naive speculative sampling on a batch of chains: every node's draw at once."""
+    """Naive speculative sampling on a batch of chains: every node's draw at once, or on the
+    CPU (outside ``torch.compile``) node by node for the rows still descending."""
 
-    hot_path: ClassVar[tuple[str, ...]] = ("run",)
+    hot_path: ClassVar[tuple[str, ...]] = ("batched_run",)
+
+    def uniforms(self, sample: torch.Tensor) -> torch.Tensor:
+        """The uniform of each node's draw, ``[B, γ + 1]``: node ``i`` draws with sample lane
+        ``i`` (both routes read it here)."""
+        return sample
 
     def draws(self, chain: ChainRound, sample: torch.Tensor) -> torch.Tensor:
         """``y [B, γ + 1]``: the target's own draw at every node (``sample [B, γ + 1]``).
@@ -128,9 +136,46 @@ class NSSChain:
         return ops.categorical_blocks(flat, sample.reshape(-1)).view(batch_size, nodes)
 
     def run(self, chain: ChainRound, noise: Noise) -> Verified:
+        """The verdicts: :meth:`host_run` where host reads are free (the CPU outside
+        ``torch.compile``), else :meth:`batched_run`; the same tokens."""
+        if ops.host_reads_free(chain.target):
+            return self.host_run(chain, noise)
+        return self.batched_run(chain, noise)
+
+    def host_run(self, chain: ChainRound, noise: Noise) -> Verified:
+        r""":meth:`batched_run`'s verdicts drawing, node by node, only the rows whose drafts all
+        matched so far (each row's draw at a node is the batched route's: the same row, uniform
+        and function, row by row), and stopping at the first node where none is left: about
+        the chain's acceptance in nodes instead of all :math:`\gamma + 1`. One host read a
+        node."""
+        target = chain.target  # [B, γ + 1, V]
+        batch_size, gamma = chain.draft_tokens.shape
+        sample = self.uniforms(noise.sample)  # [B, γ + 1]
+        drafted, ends = chain.draft_tokens.tolist(), chain.num_drafts.tolist()
+        nodes, drawn = [gamma] * batch_size, [0] * batch_size
+        alive = list(range(batch_size))  # the rows whose drafts matched up to this node
+        for node in range(gamma + 1):
+            if len(alive) == batch_size:  # every row: the table's own rows, no copy
+                rows, u = target[:, node], sample[:, node]  # [B, V], [B]
+            else:
+                index = torch.tensor(alive, device=target.device)  # [L]
+                rows = ops.table_rows(target, index, torch.full_like(index, node))  # [L, V]
+                u = sample[index, node]  # [L]
+            descend = []
+            for row, token in zip(alive, ops.draw_rows(rows, u).tolist(), strict=True):
+                if node < ends[row] and token == drafted[row][node]:
+                    descend.append(row)
+                else:
+                    nodes[row], drawn[row] = node, token
+            alive = descend
+            if not alive:
+                break
+        return host_verdicts(nodes, drawn, drafted, target.device)
+
+    def batched_run(self, chain: ChainRound, noise: Noise) -> Verified:
         """The verdicts: descend while the draw is the drafted token."""
         gamma = chain.draft_tokens.shape[1]
-        drawn = self.draws(chain, noise.sample)  # [B, γ + 1]
+        drawn = self.draws(chain, self.uniforms(noise.sample))  # [B, γ + 1]
         lanes = torch.arange(gamma, device=drawn.device)  # [γ]
         real = lanes[None, :] < chain.num_drafts[:, None]  # [B, γ]
         matches = real & (drawn[:, :gamma] == chain.draft_tokens)  # [B, γ]
