@@ -197,19 +197,29 @@ Shaper = Callable[[int, Probs], Probs]
 
 
 def evaluate_rules(target: Probs, draft: Probs, k: int, shaper: Shaper) -> Probs:
-    """The closed form for a batch of oblivious rules (one per row), i.i.d. candidates."""
+    """The closed form for a batch of oblivious rules (one per row), i.i.d. candidates.
+
+    Each stage's arrays are worked on in place where they are this function's own (``kept``,
+    ``rest``): the same operations on the same values as forming new ones (``missing`` is
+    multiplied in the other order, exact for floats and Fractions alike), without allocating
+    four ``(rows, V)`` temporaries a stage (the optimiser's search spends most of its time
+    here)."""
     current: Probs = target[None, :]
     rejected: Any = 1
     missing: Any = 1
     for index in range(1, k + 1):
-        kept = np.minimum(shaper(index, current), draft)
-        rest = current - kept
+        kept = np.minimum(shaper(index, current), draft)  # a new array: ours from here
+        rest = current - kept  # a new array: ours
         mass = rest.sum(axis=-1)
         sure = ~np.asarray(mass > 0, dtype=bool)
         safe = np.where(sure, 1, mass)[:, None]
-        missing = missing * (1 - (draft - kept) / safe)
+        factor = np.subtract(draft, kept, out=kept)  # draft - kept, in kept's place
+        factor /= safe
+        np.subtract(1, factor, out=factor)  # 1 - (draft - kept) / safe
+        missing = factor if index == 1 else np.multiply(factor, missing, out=factor)
         rejected = rejected * np.where(sure, 0 * mass, mass)
-        current = rest / safe
+        rest /= safe
+        current = rest
     hits = (current * (1 - missing)).sum(axis=-1)
     values: Probs = 1 - rejected + rejected * hits
     return values
