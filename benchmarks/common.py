@@ -158,13 +158,12 @@ def cpu_model() -> str:
                 name = line.split(":", 1)[1].strip()
                 break
         caches = sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"))
-        if caches:  # the last index is the last level
-            size = (caches[-1] / "size").read_text().strip()
-            level = (caches[-1] / "level").read_text().strip()
-            name += f", L{level} {size}"
+        if not caches:
+            return name
+        level, size = ((caches[-1] / key).read_text().strip() for key in ("level", "size"))
+        return f"{name}, L{level} {size}"  # the last index is the last level
     except OSError:  # not Linux, or no such files: the name alone
-        pass
-    return name
+        return name
 
 
 def machine_lines(load_before: tuple[float, ...], load_after: tuple[float, ...]) -> str:

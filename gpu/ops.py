@@ -452,10 +452,8 @@ def _categorical_blocks_host(
     u: torch.Tensor,
 ) -> torch.Tensor:
     """:func:`categorical_blocks` (``fallback=None``) or :func:`categorical_blocks_or` on the
-    host, row by row: the chosen row's block sums by torch (the one pass over ``V``), then the
-    same float64 running sums (sequential, as ``torch.cumsum``), right-sided searches and
-    clips to the last positive entry in numpy. The same tokens, bit for bit (tested against
-    the batched route). Only the chosen table's row is read."""
+    host: :func:`draw_row_host` of each row's chosen table (only that row is read). The same
+    tokens, bit for bit (tested against the batched route)."""
     chosen = [False] * weights.shape[0] if use_fallback is None else use_fallback.tolist()
     tokens = [
         draw_row_host(fallback[row] if choose and fallback is not None else weights[row], u_row)

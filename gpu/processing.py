@@ -744,9 +744,11 @@ def _histogram_pieces(rows: int, vocab_size: int, device: torch.device) -> int:
     if device.type != "cpu":
         return 1
     pieces, threads = 1, torch.get_num_threads()
-    while rows * pieces < 2 * threads and vocab_size % (2 * pieces) == 0:
-        if vocab_size // (2 * pieces) < 16_384:
-            break
+    while (
+        rows * pieces < 2 * threads
+        and vocab_size % (2 * pieces) == 0
+        and vocab_size // (2 * pieces) >= 16_384
+    ):
         pieces *= 2
     return pieces
 
