@@ -157,27 +157,33 @@ def padded_tables(
     num_drafts: torch.Tensor,  # [B]
     target_probs: torch.Tensor,  # [B, γ + 1, V]
     draft_probs: torch.Tensor | None,  # [B, γ, V]
+    dtype: torch.dtype | None = None,
 ) -> ChainTables:
-    """The :class:`ChainTables` of the padded chain layout (views, no copy when contiguous)."""
+    """The :class:`ChainTables` of the padded chain layout (views, no copy when contiguous),
+    computing in ``dtype`` (by default :func:`~specsampling.gpu.ops.compute_dtype` of the
+    tables). Row ``b``, lane ``i`` is flat row ``b (γ + 1) + i`` of the target and ``b γ + i``
+    of the draft: each index table is one ``arange``."""
     batch_size, gamma = draft_tokens.shape
     device = draft_tokens.device
-    rows = torch.arange(batch_size, device=device)[:, None]  # [B, 1]
-    lanes = torch.arange(gamma + 1, device=device)[None, :]  # [1, γ + 1]
-    real = lanes[:, :gamma] < num_drafts[:, None]  # [B, γ]
+    real = torch.arange(gamma, device=device) < num_drafts[:, None]  # [B, γ]
     vocab = target_probs.shape[-1]
     draft_flat = draft_index = None
     if draft_probs is not None:
         draft_flat = draft_probs.reshape(batch_size * gamma, vocab)  # [B γ, V]
-        draft_index = rows * gamma + lanes[:, :gamma]  # [B, γ]
+        draft_index = torch.arange(batch_size * gamma, device=device).view(batch_size, gamma)
+    if dtype is None:
+        dtype = ops.compute_dtype(target_probs, *(() if draft_probs is None else (draft_probs,)))
     return ChainTables(
         target_flat=target_probs.reshape(batch_size * (gamma + 1), vocab),  # [B (γ+1), V]
-        target_index=rows * (gamma + 1) + lanes,  # [B, γ + 1]
+        target_index=torch.arange(batch_size * (gamma + 1), device=device).view(
+            batch_size, gamma + 1
+        ),  # [B, γ + 1]
         draft_flat=draft_flat,
-        draft_index=draft_index,
+        draft_index=draft_index,  # [B, γ]
         draft_tokens=torch.where(real, draft_tokens, 0),  # [B, γ]
         num_drafts=num_drafts,
         bonus_tokens=None,
-        dtype=ops.compute_dtype(target_probs, *(() if draft_probs is None else (draft_probs,))),
+        dtype=dtype,
     )
 
 
@@ -199,12 +205,24 @@ def residual_weights(
     >>> weights.tolist(), mass.tolist()
     ([[0.0, 0.25, 0.25]], [[0.5]])
     """
-    if draft is None:
-        weights = target.scatter(-1, token[:, None], 0.0)  # [B, V]
-    else:
-        into = draft if out is None else out
-        weights = torch.sub(target, draft, out=into).clamp_min_(0)  # [B, V], in `draft`/`out`
+    weights = residual_rows(target, draft, token, out)  # [B, V]
     return weights, ops.numpy_sum(weights)[:, None]  # [B, V], [B, 1]
+
+
+def residual_rows(
+    target: torch.Tensor,
+    draft: torch.Tensor | None,
+    token: torch.Tensor | None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The weights of :func:`residual_weights` without their mass, ``[B, V]`` (``token`` is
+    read only for a point-mass draft): for a draw that learns whether they have mass from its
+    own block sums (:func:`~specsampling.gpu.ops.draw_one_or`)."""
+    if draft is None:
+        assert token is not None, "a point-mass draft's residual needs the rejected token"
+        return target.scatter(-1, token[:, None], 0.0)  # [B, V]
+    into = draft if out is None else out
+    return torch.sub(target, draft, out=into).clamp_min_(0)  # [B, V], in `draft`/`out`
 
 
 def stop_distribution(
@@ -481,20 +499,25 @@ class StandardChain:
         flat = host.target_index[row][accepted]
         # contiguous, as the batched route's gathered rows: a row's sums depend on its layout
         target = tables.target_flat[flat : flat + 1].to(tables.dtype).contiguous()  # [1, V]
-        if bonus:  # the target itself: no residual to form
-            weights, mass = target, torch.ones_like(target[:, :1])
-        elif tables.draft_flat is None:
-            weights, mass = residual_weights(target, None, torch.tensor([token]))
-        else:
+        weights = None  # the bonus draws from the target itself: no residual to form
+        if not bonus and tables.draft_flat is None:
+            weights = residual_rows(target, None, torch.tensor([token]))  # [1, V]
+        elif not bonus:
             out = torch.empty_like(target)  # [1, V]
             draft = self.host_draft(tables, host, row, lane, out)  # [1, V]
-            weights, mass = residual_weights(target, draft, torch.tensor([token]), out=out)
+            weights = residual_rows(target, draft, None, out=out)  # [1, V], in `out`
         u = host.sample[row][accepted]
-        if weights.dtype == torch.float64:
+        if tables.dtype == torch.float64:  # normalised as the batched route does (bit for bit)
+            if weights is None:
+                weights, mass = target, torch.ones_like(target[:, :1])  # [1, V], [1, 1]
+            else:
+                mass = ops.numpy_sum(weights)[:, None]  # [1, 1]
             uniform = torch.tensor([u], dtype=torch.float64)
             drawn = int(self.draw(target, weights, mass, torch.tensor([bonus]), uniform)[0])
-        else:  # :meth:`draw`'s choice and draw, on host values (the same token)
-            drawn = ops.draw_one((target if bonus or not float(mass) > 0 else weights)[0], u)
+        elif weights is None:
+            drawn = ops.draw_one(target[0], u)
+        else:  # :meth:`draw`'s choice and draw on host values: the target where no mass is left
+            drawn = ops.draw_one_or(weights[0], target[0], u)
         if bonus and host.bonus is not None:
             drawn = host.bonus[row]
         return drawn, not bonus and drawn == token
@@ -744,7 +767,7 @@ def draft_lengths(
     batch_size = draft_tokens.shape[0]
     device = draft_tokens.device
     if num_draft_tokens is None:
-        return (draft_tokens >= 0).to(torch.long).cumprod(-1).sum(-1)  # [B]
+        return (draft_tokens >= 0).cumprod(-1).sum(-1)  # [B] long (bool's cumprod is long)
     lengths = torch.as_tensor(num_draft_tokens, device=device)
     if lengths.is_floating_point() or lengths.dtype == torch.bool:
         raise InvalidDistribution(f"{name}: expected integer lengths, got {lengths.dtype}")
@@ -1097,8 +1120,7 @@ def verify_chain(
         return verified._replace(tokens=verified.tokens[:, :1])
     greedy_tables = type(lowering) is Greedy and draft_probs is not None
     if (takes_standard_rule(lowering) or greedy_tables) and gamma > 0:
-        tables = padded_tables(draft_tokens, num_drafts, target_probs, draft_probs)
-        tables = tables._replace(dtype=dtype)
+        tables = padded_tables(draft_tokens, num_drafts, target_probs, draft_probs, dtype)
         engine = GREEDY_CHAIN if greedy_tables else standard_rule_engine(lowering)
         verified, _ = engine.run(tables, noise, None if validate else 1)
         return verified

@@ -485,8 +485,49 @@ def draw_row_host(row: torch.Tensor, u: float) -> int:
     are needed only where a search runs off the end: a search that stops inside lands on a
     positive entry (its running sum rose there, and a zero leaves a float64 sum unchanged).
     The batched route's token, bit for bit (tested)."""
-    sums = block_sums(row).numpy()  # [nb]
-    running = sums.cumsum(dtype=np.float64)  # [nb]
+    sums = _host_block_sums(row)  # [nb]
+    return _draw_host_sums(row, sums, sums.astype(np.float64).cumsum(), u)
+
+
+def draw_one_or(row: torch.Tensor, fallback: torch.Tensor, u: float) -> int:
+    """:func:`draw_one` of ``row [V]`` (non-negative weights), or of ``fallback [V]`` where
+    ``row`` has no mass: :func:`categorical_blocks_or` of one row with the choice made on the
+    values it reads anyway. On the host route the row's own block sums decide (their float64
+    total is positive exactly when an entry is, as a sum of non-negative floats is at least
+    its largest term), so the residual of a chain's stop is read once for its draw and never
+    summed apart.
+
+    >>> draw_one_or(torch.tensor([0.0, 2.0, 0.0]), torch.tensor([1.0, 1.0, 1.0]), 0.9)
+    1
+    >>> draw_one_or(torch.zeros(3), torch.tensor([1.0, 1.0, 1.0]), 0.9)
+    2
+    """
+    if _draws_on_host(row[None]) and _draws_on_host(fallback[None]):
+        sums = _host_block_sums(row)  # [nb]
+        running = sums.astype(np.float64).cumsum()  # [nb]
+        if running[-1] > 0:
+            return _draw_host_sums(row, sums, running, u)
+        return draw_row_host(fallback, u)
+    use_fallback = ~(numpy_sum(row[None]) > 0)  # [1]
+    uniform = torch.tensor([u], dtype=torch.float64, device=row.device)
+    return int(categorical_blocks_or_batched(row[None], fallback[None], use_fallback, uniform)[0])
+
+
+def _host_block_sums(row: torch.Tensor) -> np.ndarray:
+    """:func:`block_sums` of one CPU row ``[V]`` as numpy, the same values: the full blocks
+    by torch, the tail block only where ``V`` leaves one (a trailing block of no tokens
+    changes no search)."""
+    vocab = row.shape[-1]
+    full = vocab - vocab % CDF_BLOCK
+    blocks = row[:full].unflatten(-1, (full // CDF_BLOCK, CDF_BLOCK)).sum(-1).numpy()  # [V // 128]
+    if full == vocab:
+        return blocks
+    return np.append(blocks, row[full:].sum().numpy())  # [V // 128 + 1]
+
+
+def _draw_host_sums(row: torch.Tensor, sums: np.ndarray, running: np.ndarray, u: float) -> int:
+    """The two searches of :func:`draw_row_host` from the row's block ``sums [nb]`` and their
+    float64 ``running`` sums."""
     threshold = u * running[-1]
     block = int(running.searchsorted(threshold, side="right"))
     if block == len(sums):  # past the total (rounding, or no mass): the last positive block
@@ -494,7 +535,7 @@ def draw_row_host(row: torch.Tensor, u: float) -> int:
     rest = threshold - (running[block - 1] if block > 0 else 0.0)
     start = block * CDF_BLOCK
     values = row[start : start + CDF_BLOCK].numpy()  # [<= 128]: the block's weights
-    inner = values.cumsum(dtype=np.float64)  # entries past V count 0: never searched past
+    inner = values.astype(np.float64).cumsum()  # entries past V count 0: never searched past
     offset = int(inner.searchsorted(rest, side="right"))
     if offset == len(values):  # past the block's last entry: its last positive one
         offset = _last_positive(values)

@@ -928,6 +928,13 @@ def test_host_draws_equal_the_batched_route_bit_for_bit(dtype: torch.dtype) -> N
                     ops.categorical_blocks_or_batched(weights, fallback, use, u),
                 )
                 assert bool(((host >= 0) & (host < vocab)).all())
+                # one row from Python values: draw_one, and draw_one_or choosing by mass
+                no_mass = ~(weights.sum(-1) > 0)  # [rows]
+                either = ops.categorical_blocks_or_batched(weights, fallback, no_mass, u)
+                for row in range(rows):
+                    assert ops.draw_one(weights[row], float(u[row])) == int(host[row])
+                    drawn = ops.draw_one_or(weights[row], fallback[row], float(u[row]))
+                    assert drawn == int(either[row]), (vocab, row, trial)
                 checked += 1
     assert checked == 8 * ops.HOST_DRAW_ROWS * 12
     assert not ops._draws_on_host(torch.zeros(ops.HOST_DRAW_ROWS + 1, 4))  # batched beyond
@@ -1286,3 +1293,5 @@ def test_host_draws_decline_tables_numpy_cannot_read() -> None:
         assert not ops._draws_on_host(fallback)
         expected = ops.categorical_blocks_or_batched(weights, fallback, use, u)
         assert torch.equal(ops.categorical_blocks_or(weights, fallback, use, u), expected)
+        empty = torch.zeros_like(weights[0])  # no mass: draw_one_or draws from the fallback
+        assert ops.draw_one_or(empty, fallback[0], 0.3) == int(expected[0])
