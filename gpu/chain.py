@@ -192,20 +192,22 @@ def residual_weights(
     draft: torch.Tensor | None,
     token: torch.Tensor,
     out: torch.Tensor | None = None,
+    divisor: torch.Tensor | None = None,
 ):
     r"""``((p - q)_+ [B, V], mass [B, 1])`` -- for a point-mass draft (``draft=None``) the
     target with the rejected ``token [B]`` removed (:math:`p(x) < 1` on a rejection), the same
     values :func:`specsampling.gpu.ops.residual` computes against a one-hot draft (the mass in
     numpy's order in float64, :func:`~specsampling.gpu.ops.numpy_sum`). A ``draft`` given is
     overwritten with the weights unless ``out`` is (pass rows of your own: no new ``[B, V]``
-    buffer).
+    buffer); with ``divisor [B, 1]`` the draft read is ``q / divisor`` (greedy's
+    :math:`q' = \mathrm{norm}(q)`), in the same pass.
 
     >>> weights, mass = residual_weights(torch.tensor([[0.5, 0.25, 0.25]]), None,
     ...                                  torch.tensor([0]))
     >>> weights.tolist(), mass.tolist()
     ([[0.0, 0.25, 0.25]], [[0.5]])
     """
-    weights = residual_rows(target, draft, token, out)  # [B, V]
+    weights = residual_rows(target, draft, token, out, divisor)  # [B, V]
     return weights, ops.numpy_sum(weights)[:, None]  # [B, V], [B, 1]
 
 
@@ -214,15 +216,22 @@ def residual_rows(
     draft: torch.Tensor | None,
     token: torch.Tensor | None,
     out: torch.Tensor | None = None,
+    divisor: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The weights of :func:`residual_weights` without their mass, ``[B, V]`` (``token`` is
     read only for a point-mass draft): for a draw that learns whether they have mass from its
-    own block sums (:func:`~specsampling.gpu.ops.draw_one_or`)."""
+    own block sums (:func:`~specsampling.gpu.ops.draw_one_or`). A ``divisor`` is applied by
+    ``addcdiv(p, q, divisor, value=-1)``, whose :math:`(-q) / d` is :math:`-(q / d)` exactly:
+    the values of dividing the row first and subtracting it, one pass fewer."""
     if draft is None:
         assert token is not None, "a point-mass draft's residual needs the rejected token"
         return target.scatter(-1, token[:, None], 0.0)  # [B, V]
     into = draft if out is None else out
-    return torch.sub(target, draft, out=into).clamp_min_(0)  # [B, V], in `draft`/`out`
+    if divisor is None:
+        torch.sub(target, draft, out=into)  # [B, V], in `draft`/`out`
+    else:
+        torch.addcdiv(target, draft, divisor, value=-1, out=into)  # p - q / d
+    return into.clamp_min_(0)
 
 
 def stop_distribution(
@@ -326,9 +335,10 @@ class StandardChain:
         draft_row = tables.draft_index.gather(1, lane[:, None]).squeeze(-1)  # [B]
         draft = tables.draft_flat.index_select(0, draft_row)  # [B, V] (faster than [draft_row])
         draft = draft.to(tables.dtype)  # our own copy: worked on in place from here
+        divisor = None  # q read as q / draft_mass where the tables carry one
         if tables.draft_mass is not None:
-            draft.div_(tables.draft_mass.index_select(0, draft_row)[:, None])  # [B, V]
-        return residual_weights(target, draft, token)
+            divisor = tables.draft_mass.index_select(0, draft_row)[:, None]  # [B, 1]
+        return residual_weights(target, draft, token, divisor=divisor)
 
     def draw(
         self,
@@ -477,16 +487,17 @@ class StandardChain:
         return host.accept[row][lane + 1] * draft_x < target_x
 
     def host_draft(
-        self, tables: ChainTables, host: HostChain, row: int, lane: int, out: torch.Tensor
-    ) -> torch.Tensor:
-        """``q`` at ``lane`` as the residual reads it, ``[1, V]``: the table's row (a view), or
-        divided by ``tables.draft_mass`` into ``out`` where the tables carry one."""
+        self, tables: ChainTables, host: HostChain, row: int, lane: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(q, divisor)`` at ``lane`` as the residual reads them: the table's row ``[1, V]``
+        (a view, in the compute dtype) and ``tables.draft_mass``'s entry ``[1, 1]`` where the
+        tables carry one, else ``None``."""
         assert tables.draft_flat is not None and host.draft_index is not None
         flat = host.draft_index[row][lane]
         draft = tables.draft_flat[flat : flat + 1].to(tables.dtype)  # [1, V]
         if tables.draft_mass is None:
-            return draft
-        return torch.div(draft, tables.draft_mass[flat : flat + 1, None], out=out)
+            return draft, None
+        return draft, tables.draft_mass[flat : flat + 1, None]  # [1, V], [1, 1]
 
     def host_stop(
         self, tables: ChainTables, host: HostChain, row: int, accepted: int
@@ -503,9 +514,8 @@ class StandardChain:
         if not bonus and tables.draft_flat is None:
             weights = residual_rows(target, None, torch.tensor([token]))  # [1, V]
         elif not bonus:
-            out = torch.empty_like(target)  # [1, V]
-            draft = self.host_draft(tables, host, row, lane, out)  # [1, V]
-            weights = residual_rows(target, draft, None, out=out)  # [1, V], in `out`
+            draft, divisor = self.host_draft(tables, host, row, lane)  # [1, V], [1, 1]
+            weights = residual_rows(target, draft, None, torch.empty_like(target), divisor)
         u = host.sample[row][accepted]
         if tables.dtype == torch.float64:  # normalised as the batched route does (bit for bit)
             if weights is None:
@@ -735,13 +745,14 @@ class GreedyChain(StandardChain):
         return host.accept[row][lane + 1] * values.draft_x < host.gathered[row][0][lane]
 
     def host_draft(
-        self, tables: ChainTables, host: HostChain, row: int, lane: int, out: torch.Tensor
-    ) -> torch.Tensor:
-        r""":math:`q' = q / \sum q` at ``lane`` in ``out [1, V]``."""
+        self, tables: ChainTables, host: HostChain, row: int, lane: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        r"""The row of ``q`` at ``lane`` and its mass: the residual reads
+        :math:`q' = q / \sum q`."""
         values = self.host_lane(tables, host, row, lane)
         raw = tables._replace(draft_mass=None)  # q' replaces any draft_mass given
-        draft = super().host_draft(raw, host, row, lane, out)  # [1, V], the table's row
-        return torch.div(draft, values.mass[:, None], out=out)
+        draft, _ = super().host_draft(raw, host, row, lane)  # [1, V], the table's row
+        return draft, values.mass[:, None]  # [1, V], [1, 1]
 
     def host_stop(
         self, tables: ChainTables, host: HostChain, row: int, accepted: int

@@ -1274,12 +1274,50 @@ def test_standard_host_route_reads_the_tables_draft_mass() -> None:
         mass = 1.0 + torch.rand(
             tables.draft_flat.shape[0], generator=generator, dtype=torch.float64
         )
+        # the verdicts of the rows divided beforehand: q / mass read in the tests and residuals
+        divided = tables._replace(draft_flat=tables.draft_flat / mass[:, None])
         tables = tables._replace(draft_mass=mass)
         for rounds in (None, 1):
             host = C.STANDARD_CHAIN.host_run(tables, noise, rounds)
             batched = C.STANDARD_CHAIN.batched_run(tables, noise, rounds)
+            expected = C.STANDARD_CHAIN.batched_run(divided, noise, rounds)
             assert torch.equal(host[0].tokens, batched[0].tokens), seed
             assert torch.equal(host[1], batched[1]), seed
+            assert torch.equal(batched[0].tokens, expected[0].tokens), seed
+
+
+@pytest.mark.parametrize("batch", [1, 2, 5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_greedy_chain_reads_the_normalised_draft(batch: int, dtype: torch.dtype) -> None:
+    """Greedy with draft tables reads :math:`q' = q / \\sum q` (at a chain node no candidate
+    is excluded): on draft rows of mass 0.5-2 (``validate=False``) and full support (no lane
+    covers) its verdicts are the standard rule's on the rows divided by their sums beforehand
+    (numpy's order in float64, torch's below, as the engine sums), on the host route (1-2
+    rows) and the batched one (5): the accept tests and the residuals both read :math:`q'`."""
+    for seed in range(30):
+        generator = torch.Generator().manual_seed(seed)
+        gamma, vocab = 4, 200
+        logits = torch.randn(batch, gamma + 1, vocab, generator=generator, dtype=torch.float64)
+        target = (3 * logits).softmax(-1)
+        draft = 3 * logits[:, :gamma] + torch.randn(batch, gamma, vocab, generator=generator)
+        draft = draft.softmax(-1) * (0.5 + 1.5 * torch.rand(batch, gamma, 1, generator=generator))
+        tokens = torch.multinomial(draft.reshape(-1, vocab), 1, generator=generator)
+        tokens = tokens.view(batch, gamma)
+        noise = ssg.chain.chain_noise(batch, gamma, generator)
+        rows = draft.to(dtype)
+        sums = (
+            torch.from_numpy(rows.numpy().sum(-1, keepdims=True))
+            if dtype == torch.float64
+            else rows.sum(-1, keepdim=True)
+        )
+        normalised = rows / sums
+        greedy = ssg.verify_chain(
+            "greedy", tokens, target.to(dtype), draft.to(dtype), noise, validate=False
+        )
+        standard = ssg.verify_chain(
+            "standard", tokens, target.to(dtype), normalised, noise, validate=False
+        )
+        assert torch.equal(greedy.tokens, standard.tokens), seed
 
 
 def test_host_draws_decline_tables_numpy_cannot_read() -> None:
