@@ -263,6 +263,8 @@ class BlockChain:
         conversion does."""
         if isinstance(scale, float):
             factor = scale if target.dtype == torch.float64 else float(np.float32(scale))
+            if factor == 1.0 and draft is not None:  # 1 * p is p exactly: one pass fewer
+                return torch.sub(target, draft, out=out).clamp_min_(0)
             torch.mul(target, factor, out=out)
         else:
             torch.mul(target, scale.to(target.dtype)[:, None], out=out)
@@ -479,31 +481,57 @@ class BlockChain:
                 if accept[node] < self.acceptance_value(mass, weights[node]):
                     tau = node
                     break
-            if tau != end and (tau == 0 or mass is None):  # node 0's residual (else tau's)
-                mass = self.host_residual(chain, buffer, row, tau, weights[tau])
-            use_target = tau == end or not mass > 0  # the target row itself, as stop_draw's
-            if target.dtype != torch.float64:  # categorical_blocks(_or) on host values
-                token = ops.draw_one(target[row, tau] if use_target else buffer[0], sample[tau])
-            else:
-                u = torch.tensor([sample[tau]], dtype=torch.float64)
-                if use_target:
-                    token = int(ops.draw_rows(target[row, tau][None], u)[0])
-                else:
-                    no = torch.tensor([False])
-                    token = int(self.stop_draw(buffer, target[row, tau][None], no, u)[0])
             nodes.append(tau)
-            drawn.append(token)
+            drawn.append(self.host_stop(chain, buffer, row, tau, end, mass, weights[tau], sample))
         return host_verdicts(nodes, drawn, drafted, target.device)
+
+    def host_stop(
+        self,
+        chain: ChainRound,
+        buffer: torch.Tensor,  # [1, V]
+        row: int,
+        tau: int,
+        end: int,
+        mass: float | None,
+        weight: float,
+        sample: list[float],
+    ) -> int:
+        """The stop token of ``row`` at ``tau`` (:meth:`host_run`): the target row's draw at
+        the chain's end, else the draw of tau's residual, or of the target where it has no
+        mass, as :meth:`stop_draw`. ``mass`` is tau's residual mass where deciding tau read it
+        (its rows are then in ``buffer``); otherwise the residual is formed here, and below
+        float64 drawn by :func:`~specsampling.gpu.ops.draw_one_or`, whose block sums tell
+        whether it has mass (no sum of its own)."""
+        target = chain.target[row, tau]  # [V]
+        formed = tau != end and (tau == 0 or mass is None)  # else tau's rows are in `buffer`
+        if target.dtype != torch.float64:  # categorical_blocks(_or) on host values
+            if formed:
+                self.host_residual_rows(chain, buffer, row, tau, weight)
+                return ops.draw_one_or(buffer[0], target, sample[tau])
+            use_target = tau == end or not (mass is not None and mass > 0)
+            return ops.draw_one(target if use_target else buffer[0], sample[tau])
+        if formed:
+            mass = self.host_residual(chain, buffer, row, tau, weight)
+        u = torch.tensor([sample[tau]], dtype=torch.float64)
+        if tau == end or not (mass is not None and mass > 0):  # the target row itself
+            return int(ops.draw_rows(target[None], u)[0])
+        return int(self.stop_draw(buffer, target[None], torch.tensor([False]), u)[0])
 
     def host_residual(
         self, chain: ChainRound, out: torch.Tensor, row: int, node: int, weight: float
     ) -> float:
-        """:math:`S` of ``node`` in ``row``: ``out [1, V]`` = :math:`(w p - q)_+` there
-        (:meth:`weighted_residual` on views of the tables), its sum read on the host."""
+        """:math:`S` of ``node`` in ``row``: :meth:`host_residual_rows`, its sum read on the
+        host."""
+        return float(ops.numpy_sum(self.host_residual_rows(chain, out, row, node, weight)))
+
+    def host_residual_rows(
+        self, chain: ChainRound, out: torch.Tensor, row: int, node: int, weight: float
+    ) -> torch.Tensor:
+        """``out [1, V]`` = :math:`(w p - q)_+` of ``node`` in ``row`` (:meth:`weighted_residual`
+        on views of the tables)."""
         draft = None if chain.draft is None else chain.draft[row, node][None]  # [1, V]
         token = chain.draft_tokens[row : row + 1, node]  # [1]
-        residual = self.weighted_residual(out, chain.target[row, node][None], draft, token, weight)
-        return float(ops.numpy_sum(residual))
+        return self.weighted_residual(out, chain.target[row, node][None], draft, token, weight)
 
     @staticmethod
     def acceptance_value(mass: float, weight: float) -> float:

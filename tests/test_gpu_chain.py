@@ -1135,6 +1135,36 @@ def test_host_routes_draw_from_the_target_where_the_residual_has_no_mass(
         assert (host.token >= 5).all()  # from the target's support
 
 
+@pytest.mark.parametrize("name", ["block", "traversal"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_block_host_route_draws_from_the_target_where_node_0_has_no_residual(
+    name: str, dtype: torch.dtype
+) -> None:
+    """Block and traversal stopping at node 0 whose residual has no mass (a draft row above the
+    target everywhere: ``q = p`` plus mass on the drafted token, engine-level tables) draw the
+    stop token from the target, on the host route (one and two rows) as on the batched one
+    (nine rows), never token 0 of an empty residual."""
+    engine = R.BLOCK_CHAIN if name == "block" else R.TRAVERSAL_CHAIN
+    vocab = 300
+    generator = torch.Generator().manual_seed(4)
+    for batch in (1, 2, 9):
+        logits = torch.randn(batch, 3, vocab, generator=generator, dtype=torch.float64)
+        logits[..., :5] = -float("inf")  # tokens 0-4 carry no mass
+        target = logits.softmax(-1)
+        draft = target[:, :2].clone()
+        tokens = torch.tensor([[int(target[b, 0].argmax()), 7] for b in range(batch)])
+        draft[torch.arange(batch), 0, tokens[:, 0]] += 0.5  # p_0 <= q_0: no residual at node 0
+        noise = ssg.Noise(
+            torch.full((batch, 3), LARGEST_BELOW_ONE, dtype=torch.float64),  # every test fails
+            torch.rand(batch, 3, generator=generator, dtype=torch.float64),
+        )
+        chain = C.chain_round(tokens, torch.full((batch,), 2), target, draft, dtype)
+        verdicts = engine.run(chain, noise)
+        assert torch.equal(verdicts.tokens, engine.batched_run(chain, noise).tokens)
+        assert verdicts.node.tolist() == [0] * batch
+        assert (verdicts.token >= 5).all()  # from the target's support
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_standard_host_run_equals_the_batched_run(dtype: torch.dtype) -> None:
     """``host_run`` and ``batched_run`` of the standard and greedy engines give the same
