@@ -437,11 +437,16 @@ def _draws_on_host(weights: torch.Tensor) -> bool:
     """Whether :func:`categorical_blocks` takes its host route for ``weights [N, V]`` (and
     :func:`categorical_blocks_or` for its fallback rows too): a few float32/float64 CPU rows
     outside ``torch.compile`` that numpy can read."""
+    return weights.shape[0] <= HOST_DRAW_ROWS and _row_on_host(weights)
+
+
+def _row_on_host(row: torch.Tensor) -> bool:
+    """:func:`_draws_on_host`'s checks but the row count: float32/float64 on the CPU outside
+    ``torch.compile``, no gradient (numpy reads it)."""
     return (
-        weights.shape[0] <= HOST_DRAW_ROWS
-        and weights.dtype in (torch.float32, torch.float64)
-        and not weights.requires_grad
-        and host_reads_free(weights)
+        row.dtype in (torch.float32, torch.float64)
+        and not row.requires_grad
+        and host_reads_free(row)
     )
 
 
@@ -471,7 +476,7 @@ def draw_one(row: torch.Tensor, u: float) -> int:
     >>> draw_one(torch.tensor([0.0, 2.0, 0.0, 2.0]), 0.75)
     3
     """
-    if _draws_on_host(row[None]):
+    if _row_on_host(row):
         return draw_row_host(row, u)
     uniform = torch.tensor([u], dtype=torch.float64, device=row.device)
     return int(categorical_blocks_batched(row[None], uniform)[0])
@@ -502,7 +507,7 @@ def draw_one_or(row: torch.Tensor, fallback: torch.Tensor, u: float) -> int:
     >>> draw_one_or(torch.zeros(3), torch.tensor([1.0, 1.0, 1.0]), 0.9)
     2
     """
-    if _draws_on_host(row[None]) and _draws_on_host(fallback[None]):
+    if _row_on_host(row) and _row_on_host(fallback):
         sums = _host_block_sums(row)  # [nb]
         running = sums.astype(np.float64).cumsum()  # [nb]
         if running[-1] > 0:
@@ -519,7 +524,10 @@ def _host_block_sums(row: torch.Tensor) -> np.ndarray:
     changes no search)."""
     vocab = row.shape[-1]
     full = vocab - vocab % CDF_BLOCK
-    blocks = row[:full].unflatten(-1, (full // CDF_BLOCK, CDF_BLOCK)).sum(-1).numpy()  # [V // 128]
+    head = row[:full] if full < vocab else row
+    shape = (full // CDF_BLOCK, CDF_BLOCK)
+    blocks = (head.view(shape) if head.is_contiguous() else head.unflatten(-1, shape)).sum(-1)
+    blocks = blocks.numpy()  # [V // 128]
     if full == vocab:
         return blocks
     return np.append(blocks, row[full:].sum().numpy())  # [V // 128 + 1]
@@ -534,7 +542,7 @@ def _draw_host_sums(row: torch.Tensor, sums: np.ndarray, running: np.ndarray, u:
         block = _last_positive(sums)
     rest = threshold - (running[block - 1] if block > 0 else 0.0)
     start = block * CDF_BLOCK
-    values = row[start : start + CDF_BLOCK].numpy()  # [<= 128]: the block's weights
+    values = row.numpy()[start : start + CDF_BLOCK]  # [<= 128]: the block's weights
     inner = values.astype(np.float64).cumsum()  # entries past V count 0: never searched past
     offset = int(inner.searchsorted(rest, side="right"))
     if offset == len(values):  # past the block's last entry: its last positive one
