@@ -33,6 +33,7 @@ except ImportError as error:  # pragma: no cover - exercised only without torch
 from . import drafting, keyed
 from .api import tables_batch, verify
 from .chain import verify_chain
+from .chain_logits import verify_chain_logits
 from .generate import KeyedGeneration, generate
 from .noise import Noise
 from .processing import process
@@ -56,4 +57,5 @@ __all__ = [
     "tables_batch",
     "verify",
     "verify_chain",
+    "verify_chain_logits",
 ]

@@ -461,10 +461,6 @@ class StandardChain:
     def host_read(self, tables: ChainTables, noise: Noise) -> HostChain:
         """The round's small values as host lists (one read each): tokens, lengths, uniforms,
         table rows and the gathered :math:`p_i(x_i), q_i(x_i)` in float64."""
-        gamma = tables.draft_tokens.shape[1]
-        target_x = tables.target_flat[tables.target_index[:, :gamma], tables.draft_tokens]
-        draft_x = self.host_drafted_mass(tables, noise)  # [B, γ] float64
-        pair = torch.stack([target_x.to(torch.float64), draft_x], 1)  # [B, 2, γ]
         return HostChain(
             drafted=tables.draft_tokens.tolist(),
             ends=tables.num_drafts.tolist(),
@@ -473,9 +469,17 @@ class StandardChain:
             target_index=tables.target_index.tolist(),
             draft_index=None if tables.draft_index is None else tables.draft_index.tolist(),
             bonus=None if tables.bonus_tokens is None else tables.bonus_tokens.tolist(),
-            gathered=pair.tolist(),
+            gathered=self.host_gathered(tables, noise),
             lanes={},
         )
+
+    def host_gathered(self, tables: ChainTables, noise: Noise) -> list[list[list[float]]]:
+        """:math:`p_i(x_i), q_i(x_i)` of every lane in float64, ``[B][2][γ]`` (one read)."""
+        gamma = tables.draft_tokens.shape[1]
+        target_x = tables.target_flat[tables.target_index[:, :gamma], tables.draft_tokens]
+        draft_x = self.host_drafted_mass(tables, noise)  # [B, γ] float64
+        pair = torch.stack([target_x.to(torch.float64), draft_x], 1)  # [B, 2, γ]
+        return pair.tolist()
 
     def host_drafted_mass(self, tables: ChainTables, noise: Noise) -> torch.Tensor:
         """:meth:`drafted_mass` in float64, ``[B, γ]``, for :meth:`host_passes`."""
@@ -483,8 +487,19 @@ class StandardChain:
 
     def host_passes(self, tables: ChainTables, host: HostChain, row: int, lane: int) -> bool:
         """The accept test of a real ``lane``: ``u q(x) < p(x)`` in float64."""
-        target_x, draft_x = host.gathered[row][0][lane], host.gathered[row][1][lane]
+        target_x, draft_x = self.host_pair(tables, host, row, lane)
         return host.accept[row][lane + 1] * draft_x < target_x
+
+    def host_pair(
+        self, tables: ChainTables, host: HostChain, row: int, lane: int
+    ) -> tuple[float, float]:
+        """:math:`(p_i(x_i), q_i(x_i))` of a real ``lane`` in float64."""
+        return host.gathered[row][0][lane], host.gathered[row][1][lane]
+
+    def host_target_row(self, tables: ChainTables, host: HostChain, flat: int) -> torch.Tensor:
+        """Flat target row ``flat`` in the compute dtype, ``[1, V]``, contiguous as the batched
+        route's gathered rows (a row's sums depend on its layout)."""
+        return tables.target_flat[flat : flat + 1].to(tables.dtype).contiguous()
 
     def host_draft(
         self, tables: ChainTables, host: HostChain, row: int, lane: int
@@ -508,8 +523,7 @@ class StandardChain:
         lane = min(accepted, gamma - 1)
         token = host.drafted[row][lane]
         flat = host.target_index[row][accepted]
-        # contiguous, as the batched route's gathered rows: a row's sums depend on its layout
-        target = tables.target_flat[flat : flat + 1].to(tables.dtype).contiguous()  # [1, V]
+        target = self.host_target_row(tables, host, flat)  # [1, V]
         weights = None  # the bonus draws from the target itself: no residual to form
         if not bonus and tables.draft_flat is None:
             weights = residual_rows(target, None, torch.tensor([token]))  # [1, V]
@@ -573,7 +587,7 @@ class ShapedChain(StandardChain):
         return ops.accepts(accept_uniforms, torch.minimum(target_x, draft_x), draft_x)
 
     def host_passes(self, tables: ChainTables, host: HostChain, row: int, lane: int) -> bool:
-        target_x, draft_x = host.gathered[row][0][lane], host.gathered[row][1][lane]
+        target_x, draft_x = self.host_pair(tables, host, row, lane)
         return host.accept[row][lane + 1] * draft_x < min(target_x, draft_x)
 
 

@@ -1,0 +1,296 @@
+r"""Chain verification from logits: :func:`verify_chain_logits`.
+
+``verify_chain_logits(scheme, tokens, target_logits, draft_logits, temperature=T)`` returns
+the tokens of ``verify_chain(scheme, tokens, process(target_logits, T), process(draft_logits,
+T))`` -- the same verdicts, the same noise drawn from the same generator. What it saves is the
+processing of rows the verifier never reads. A chain's standard rule reads
+:math:`p_i(x_i), q_i(x_i)` only up to the first rejected draft, and whole rows only there (the
+residual :math:`(p_k - q_k)_+`) or at the bonus row: with ``k`` drafts accepted it reads
+``k + 1`` rows of each table, not ``γ + 1`` and ``γ``. ``ssg.process`` is row-local (each
+row's probabilities depend on that row's logits alone, computed by the same kernel whatever the
+table around it; tested bit for bit), so a row formed on first read holds the values the whole
+table would. At one sequence on the CPU (outside ``torch.compile``, validation off, a
+temperature given as a number, the standard rule's schemes: ``standard``, ``specinfer``,
+``rsd``, ``spectr``, ``resispec``, ``spechub``, ``ot_optimal``, ``ot_binned``, ``khisti``) the
+walk forms rows as it reads them; everywhere else the tables are processed whole and
+:func:`~specsampling.gpu.chain.verify_chain` runs on them (a batch's rows are all read
+anyway, and an accelerator wants one kernel, not a host loop).
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import torch
+
+from specsampling.errors import UnsupportedShape
+from specsampling.tree import DrawLaw
+
+from . import ops
+from .chain import (
+    HOST_STANDARD_ROWS,
+    ChainTables,
+    HostChain,
+    ShapedChain,
+    StandardChain,
+    chain_noise,
+    draft_lengths,
+    padded_tables,
+    standard_rule_engine,
+    takes_standard_rule,
+    verify_chain,
+)
+from .noise import Noise
+from .processing import process
+from .schemes import tree_lowering
+from .schemes.base import Verified
+
+#: Lanes of a sequence's first chunk of rows formed on read; each next chunk doubles. Two:
+#: ``process`` spreads a table's rows over torch's threads, so one row alone runs on one
+#: thread and two take about its time on two.
+FIRST_CHUNK = 2
+
+
+class _RowsOnRead:
+    """A chain engine's host route reading probability rows formed on first read (the engine's
+    other methods unchanged). A lane is formed with the lanes of its chunk: lanes 0-1, 2-5,
+    6-13, ... of its sequence (:data:`FIRST_CHUNK` lanes, then twice as many each time), each
+    chunk by one ``process`` call on its logits rows -- two rows where the first draft is
+    rejected, and the whole table's work in a few calls where every draft is accepted.
+    ``formed`` counts the rows processed."""
+
+    def __init__(
+        self,
+        tables: ChainTables,
+        target_logits: torch.Tensor,
+        draft_logits: torch.Tensor,
+        temperature: float,
+    ) -> None:
+        gamma = tables.draft_tokens.shape[1]
+        self.logits = (target_logits, draft_logits)  # [R, V] each, flat rows
+        self.lanes = (gamma + 1, gamma)  # lanes per sequence in each table
+        self.temperature = temperature
+        self.chunks: dict[tuple[int, int], torch.Tensor] = {}
+
+    @property
+    def formed(self) -> int:
+        return sum(chunk.shape[0] for chunk in self.chunks.values())
+
+    def row(self, table: int, flat: int) -> torch.Tensor:
+        """Row ``flat`` of the target (``table=0``) or draft (``1``) probabilities, ``[1, V]``
+        (a view of its chunk)."""
+        lanes = self.lanes[table]
+        base, lane = divmod(flat, lanes)
+        size = FIRST_CHUNK << (lane // FIRST_CHUNK + 1).bit_length() - 1  # this chunk's lanes
+        first = size - FIRST_CHUNK  # its first lane: the chunks before it hold that many
+        start = base * lanes + first
+        key = (table, start)
+        if key not in self.chunks:
+            stop = base * lanes + min(first + size, lanes)  # [start, stop): the chunk's rows
+            logits = self.logits[table][start:stop]  # [n, V]
+            self.chunks[key] = process(logits, temperature=self.temperature, validate=False)
+        return self.chunks[key][flat - start : flat - start + 1]  # [1, V]
+
+    # the StandardChain host-route seams, on formed rows
+    def host_gathered(self, tables: ChainTables, noise: Noise) -> list[list[list[float]]]:
+        return []  # read lane by lane (host_pair)
+
+    def host_pair(
+        self, tables: ChainTables, host: HostChain, row: int, lane: int
+    ) -> tuple[float, float]:
+        assert host.draft_index is not None
+        token = host.drafted[row][lane]
+        target_x = self.row(0, host.target_index[row][lane])[0, token].item()
+        draft_x = self.row(1, host.draft_index[row][lane])[0, token].item()
+        return float(target_x), float(draft_x)
+
+    def host_target_row(self, tables: ChainTables, host: HostChain, flat: int) -> torch.Tensor:
+        return self.row(0, flat).to(tables.dtype).contiguous()
+
+    def host_draft(
+        self, tables: ChainTables, host: HostChain, row: int, lane: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        assert host.draft_index is not None
+        return self.row(1, host.draft_index[row][lane]).to(tables.dtype), None
+
+
+class _StandardOnRead(_RowsOnRead, StandardChain):
+    """:class:`~specsampling.gpu.chain.StandardChain`'s host route on rows formed on read."""
+
+
+class _ShapedOnRead(_RowsOnRead, ShapedChain):
+    """:class:`~specsampling.gpu.chain.ShapedChain`'s host route on rows formed on read."""
+
+
+_ON_READ: dict[type, Any] = {
+    StandardChain: _StandardOnRead,
+    ShapedChain: _ShapedOnRead,
+}
+
+
+def verify_chain_logits(
+    scheme: Any,
+    draft_tokens: torch.Tensor,
+    target_logits: torch.Tensor,
+    draft_logits: torch.Tensor,
+    noise: Noise | None = None,
+    *,
+    temperature: Any = 1.0,
+    generator: torch.Generator | None = None,
+    validate: bool = True,
+    num_draft_tokens: Any = None,
+    dtype: torch.dtype | None = None,
+) -> Verified:
+    """Verify a batch of drafted chains from logits: the verdicts of
+    ``verify_chain(scheme, draft_tokens, process(target_logits, temperature),
+    process(draft_logits, temperature), noise, ...)``, forming only the probability rows the
+    walk reads where it walks on the host (see the module docstring).
+
+    Parameters
+    ----------
+    scheme, draft_tokens, noise, generator, validate, num_draft_tokens, dtype
+        As :func:`~specsampling.gpu.chain.verify_chain` (``validate`` also checks the logits,
+        as :func:`~specsampling.gpu.processing.process` does; with it the tables are processed
+        whole).
+    target_logits : Tensor [B, γ + 1, V]
+        The target's logits after each of ``0..γ`` drafts.
+    draft_logits : Tensor [B, γ, V]
+        The draft's logits each drafted token was sampled from (after ``temperature``).
+    temperature : number, or per-sequence values of shape (B, 1)
+        As :func:`~specsampling.gpu.processing.process`, for both tables (so per-row values
+        must broadcast to both: one per sequence). A positive Python number lets the host walk
+        form rows on read; ``0`` (greedy rows) and tensors take the whole-table route.
+
+    Returns
+    -------
+    Verified
+        As :func:`~specsampling.gpu.chain.verify_chain`.
+
+    Examples
+    --------
+    >>> import specsampling.gpu as ssg
+    >>> target_logits = torch.tensor([[[2.0, 0.0, 0.0], [0.0, 3.0, 0.0]]])
+    >>> draft_logits = torch.tensor([[[0.0, 2.0, 0.0]]])
+    >>> noise = ssg.Noise(torch.full((1, 2), 0.5, dtype=torch.float64),
+    ...                   torch.full((1, 2), 0.3, dtype=torch.float64))
+    >>> out = ssg.verify_chain_logits("standard", torch.tensor([[1]]), target_logits,
+    ...                               draft_logits, noise, validate=False)
+    >>> out.tokens.tolist()
+    [[0, -1]]
+    >>> eager = ssg.verify_chain("standard", torch.tensor([[1]]), ssg.process(target_logits),
+    ...                          ssg.process(draft_logits), noise, validate=False)
+    >>> eager.tokens.tolist()
+    [[0, -1]]
+    """
+    if _walks_on_read(
+        scheme, draft_tokens, target_logits, draft_logits, noise, temperature, validate, dtype
+    ):
+        return rows_on_read(
+            scheme,
+            draft_tokens,
+            target_logits,
+            draft_logits,
+            noise,
+            float(temperature),
+            generator,
+            num_draft_tokens,
+        )[0]
+    return verify_chain(
+        scheme,
+        draft_tokens,
+        process(target_logits, temperature=temperature, validate=validate),
+        process(draft_logits, temperature=temperature, validate=validate),
+        noise,
+        generator=generator,
+        validate=validate,
+        num_draft_tokens=num_draft_tokens,
+        dtype=dtype,
+    )
+
+
+def _walks_on_read(
+    scheme: Any,
+    draft_tokens: Any,
+    target_logits: Any,
+    draft_logits: Any,
+    noise: Any,
+    temperature: Any,
+    validate: bool,
+    dtype: torch.dtype | None,
+) -> bool:
+    """Whether :func:`verify_chain_logits` walks on rows formed on read: validation off, one
+    or two rows of well-formed CPU tensors of one float dtype outside ``torch.compile``, a
+    positive finite number for the temperature, a scheme of the standard rule on chains.
+    Anything else takes the whole-table route, which raises what ``process`` and
+    ``verify_chain`` raise."""
+    if validate or not (noise is None or isinstance(noise, Noise)):
+        return False
+    if not all(isinstance(t, torch.Tensor) for t in (draft_tokens, target_logits, draft_logits)):
+        return False
+    if (
+        draft_tokens.ndim != 2
+        or draft_tokens.is_floating_point()
+        or draft_tokens.dtype == torch.bool
+    ):
+        return False
+    batch_size, gamma = draft_tokens.shape
+    if not (0 < batch_size <= HOST_STANDARD_ROWS and gamma > 0):
+        return False
+    if target_logits.ndim != 3 or draft_logits.ndim != 3:
+        return False
+    vocab = target_logits.shape[-1]
+    if tuple(target_logits.shape) != (batch_size, gamma + 1, vocab):
+        return False
+    if tuple(draft_logits.shape) != (batch_size, gamma, vocab) or vocab == 0:
+        return False
+    if target_logits.dtype not in (torch.float32, torch.float64):
+        return False
+    if draft_logits.dtype != target_logits.dtype or dtype not in (None, target_logits.dtype):
+        return False
+    if not all(ops.host_reads_free(t) for t in (draft_tokens, target_logits, draft_logits)):
+        return False
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
+        return False
+    if not 0 < float(temperature) < float("inf"):
+        return False
+    try:
+        lowering = tree_lowering(scheme)
+    except (KeyError, TypeError, ValueError, UnsupportedShape):
+        return False  # the whole-table route names the problem
+    if not lowering.reference_scheme.exact_for(DrawLaw.IID, True):
+        return False  # verify_chain refuses it
+    return takes_standard_rule(lowering) and type(standard_rule_engine(lowering)) in _ON_READ
+
+
+def rows_on_read(
+    scheme: Any,
+    draft_tokens: torch.Tensor,
+    target_logits: torch.Tensor,
+    draft_logits: torch.Tensor,
+    noise: Noise | None,
+    temperature: float,
+    generator: torch.Generator | None = None,
+    num_draft_tokens: Any = None,
+) -> tuple[Verified, int]:
+    """``(verdicts, rows processed)`` of the host walk on rows formed on read, as
+    :func:`verify_chain` with ``validate=False`` (one stop round; the same noise from the same
+    generator)."""
+    lowering = tree_lowering(scheme)
+    draft_tokens = draft_tokens.to(torch.long)
+    batch_size, gamma = draft_tokens.shape
+    num_drafts = draft_lengths(draft_tokens, num_draft_tokens)
+    if noise is None:
+        noise = chain_noise(batch_size, gamma, generator, draft_tokens.device)
+    noise = Noise(noise.accept.to(torch.float64), noise.sample.to(torch.float64))
+    tables = padded_tables(  # flat views of the logits: the walk reads its rows through `engine`
+        draft_tokens, num_drafts, target_logits.detach(), draft_logits.detach(), target_logits.dtype
+    )
+    assert tables.draft_flat is not None
+    on_read = _ON_READ[type(standard_rule_engine(lowering))]
+    engine = on_read(tables, tables.target_flat, tables.draft_flat, temperature)
+    verified, _ = engine.host_run(tables, noise, 1)
+    return verified, engine.formed
+
+
+__all__ = ["rows_on_read", "verify_chain_logits"]

@@ -1,0 +1,186 @@
+"""``ssg.verify_chain_logits``: chain verification from logits, forming on the CPU only the
+probability rows the walk reads. Its verdicts must be ``verify_chain``'s on the processed tables
+(the same noise from the same generator), on the host walk and on the whole-table route alike."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from specsampling import gpu as ssg
+from specsampling.errors import InvalidDistribution
+from specsampling.gpu import chain_logits as L
+
+#: The schemes whose chains take the standard rule (the host walk on rows formed on read).
+STANDARD_FAMILY = [
+    "standard",
+    "specinfer",
+    "rsd",
+    "spectr",
+    "resispec",
+    "spechub",
+    "ot_optimal",
+    "ot_binned",
+    "khisti",
+]
+
+
+def round_inputs(seed: int, batch: int, gamma: int, vocab: int, dtype: torch.dtype, temp: float):
+    """Correlated logits, tokens drawn from the processed draft, some ``-inf`` columns."""
+    generator = torch.Generator().manual_seed(seed)
+    scale = (0.5, 3.0, 10.0)[seed % 3]
+    target = scale * torch.randn(batch, gamma + 1, vocab, generator=generator, dtype=dtype)
+    spread = (0.0, 0.05, 1.0)[seed % 3]
+    noise = torch.randn(batch, gamma, vocab, generator=generator, dtype=dtype)
+    draft = target[:, :gamma] + spread * noise
+    if seed % 5 == 0:
+        target[..., : vocab // 3] = -float("inf")
+        draft[..., : vocab // 3] = -float("inf")
+    probs = ssg.process(draft, temperature=temp, validate=False).reshape(-1, vocab).float()
+    tokens = torch.multinomial(probs, 1, generator=generator).view(batch, gamma)
+    return target, draft, tokens
+
+
+def chunk_end(lane: int, lanes: int) -> int:
+    """The rows formed up to ``lane``: chunks of lanes [0, 2), [2, 6), [6, 14), ..."""
+    end = 2
+    while end <= lane:
+        end = 2 * end + 2
+    return min(end, lanes)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_rows_on_read_give_verify_chain_verdicts(dtype: torch.dtype) -> None:
+    """The host walk on rows formed on read returns ``verify_chain``'s verdicts on the whole
+    processed tables, bit for bit, for every scheme of the standard family (resispec's shaped
+    test included): one and two rows, 1-8 drafts, ragged lengths, vocabularies from 2 to 40,000,
+    temperatures 0.05-2, given noise and noise drawn from a generator. It processes only the
+    chunks of rows holding the lanes it reads (counted)."""
+    checked = 0
+    for seed in range(160):
+        rng = random.Random(seed)
+        batch, gamma = rng.choice([1, 2]), rng.randint(1, 8)
+        vocab = rng.choice([2, 3, 127, 129, 1000, 40_000])
+        temp = rng.choice([1.0, 0.7, 1.3, 0.05, 2.0])
+        target, draft, tokens = round_inputs(seed, batch, gamma, vocab, dtype, temp)
+        lengths = torch.randint(0, gamma + 1, (batch,)) if seed % 3 == 0 else None
+        name = STANDARD_FAMILY[seed % len(STANDARD_FAMILY)]
+        given = seed % 2 == 0
+        noise = ssg.chain.chain_noise(batch, gamma, torch.Generator().manual_seed(seed + 7))
+
+        def generator(seed: int = seed, given: bool = given) -> torch.Generator | None:
+            return None if given else torch.Generator().manual_seed(seed)
+
+        use = noise if given else None
+        walked, formed = L.rows_on_read(
+            name, tokens, target, draft, use, temp, generator(), lengths
+        )
+        public = ssg.verify_chain_logits(
+            name,
+            tokens,
+            target,
+            draft,
+            use,
+            temperature=temp,
+            generator=generator(),
+            validate=False,
+            num_draft_tokens=lengths,
+        )
+        expected = ssg.verify_chain(
+            name,
+            tokens,
+            ssg.process(target, temperature=temp, validate=False),
+            ssg.process(draft, temperature=temp, validate=False),
+            use,
+            generator=generator(),
+            validate=False,
+            num_draft_tokens=lengths,
+        )
+        for got in (walked, public):
+            for a, b in zip(got, expected, strict=True):
+                assert a.dtype == b.dtype and torch.equal(a, b), (seed, name)
+        ends = lengths.tolist() if lengths is not None else [gamma] * batch
+        rows = sum(
+            chunk_end(k, gamma + 1) + (chunk_end(min(k, end - 1), gamma) if end > 0 else 0)
+            for k, end in zip(expected.node.tolist(), ends, strict=True)
+        )
+        assert formed == rows, (seed, formed, rows)
+        checked += 1
+    assert checked == 160
+
+
+def test_a_first_draft_rejected_forms_two_rows_of_each_table() -> None:
+    """At V = 50,000 and γ = 8 a round that rejects its first draft (a token the draft favours
+    and the target all but excludes) processes 2 of the 9 target rows and 2 of the 8 draft
+    rows."""
+    target, draft, tokens = round_inputs(1, 1, 8, 50_000, torch.float32, 1.0)
+    token = int(tokens[0, 0])
+    target[0, 0, token], draft[0, 0, token] = -20.0, 20.0
+    noise = ssg.Noise(
+        torch.full((1, 9), 0.5, dtype=torch.float64), torch.rand(1, 9, dtype=torch.float64)
+    )
+    verdicts, formed = L.rows_on_read("standard", tokens, target, draft, noise, 1.0)
+    assert int(verdicts.node[0]) == 0
+    assert formed == 4
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_process_is_row_local(dtype: torch.dtype) -> None:
+    """The premise of rows formed on read: ``ssg.process`` of a few rows gives the rows of the
+    whole table's result bit for bit (temperatures below, at and above 1; odd vocabularies)."""
+    generator = torch.Generator().manual_seed(2)
+    for vocab in (3, 129, 32_000, 151_936):
+        logits = 4 * torch.randn(2, 9, vocab, generator=generator, dtype=dtype)
+        flat = logits.reshape(18, vocab)
+        for temp in (0.3, 1.0, 1.7):
+            whole = ssg.process(logits, temperature=temp, validate=False).reshape(18, vocab)
+            for start, stop in ((0, 1), (1, 3), (3, 7), (9, 18), (17, 18)):
+                part = ssg.process(flat[start:stop], temperature=temp, validate=False)
+                assert torch.equal(part, whole[start:stop]), (vocab, temp, start)
+
+
+def test_other_routes_process_the_whole_tables() -> None:
+    """Batches beyond the host walk, schemes of other engines, per-row temperatures, bf16
+    logits and ``validate=True`` take ``verify_chain`` on the processed tables: its verdicts."""
+    target, draft, tokens = round_inputs(3, 3, 4, 300, torch.float32, 1.0)
+    per_row = torch.tensor([[0.8], [1.0], [1.6]])  # one per sequence: both tables' rows
+    cases = [
+        ("standard", target, draft, tokens, 1.0, False),  # three rows
+        ("block", target[:1], draft[:1], tokens[:1], 1.0, False),
+        ("nss", target[:1], draft[:1], tokens[:1], 0.9, False),
+        ("greedy", target[:1], draft[:1], tokens[:1], 1.0, False),
+        ("standard", target, draft, tokens, per_row, False),
+        ("standard", target[:1].bfloat16(), draft[:1].bfloat16(), tokens[:1], 1.0, False),
+        ("standard", target[:1], draft[:1], tokens[:1], 1.0, True),
+    ]
+    for name, t, d, x, temp, validate in cases:
+        noise = ssg.chain.chain_noise(x.shape[0], x.shape[1], torch.Generator().manual_seed(5))
+        got = ssg.verify_chain_logits(name, x, t, d, noise, temperature=temp, validate=validate)
+        expected = ssg.verify_chain(
+            name,
+            x,
+            ssg.process(t, temperature=temp, validate=validate),
+            ssg.process(d, temperature=temp, validate=validate),
+            noise,
+            validate=validate,
+        )
+        assert torch.equal(got.tokens, expected.tokens), name
+
+
+def test_bad_input_is_refused_naming_the_argument() -> None:
+    """Bad input reaches ``process`` / ``verify_chain``, which name the argument."""
+    target, draft, tokens = round_inputs(4, 1, 3, 50, torch.float32, 1.0)
+    with pytest.raises(ValueError, match="temperature"):
+        ssg.verify_chain_logits("standard", tokens, target, draft, temperature=-1.0, validate=False)
+    with pytest.raises(InvalidDistribution, match="num_draft_tokens"):
+        ssg.verify_chain_logits(
+            "standard", tokens, target, draft, validate=False, num_draft_tokens=[1.5]
+        )
+    nan = target.clone()
+    nan[0, 1, 3] = float("nan")
+    with pytest.raises(InvalidDistribution, match="NaN"):
+        ssg.verify_chain_logits("standard", tokens, nan, draft)
+    with pytest.raises(TypeError, match="noise"):
+        ssg.verify_chain_logits("standard", tokens, target, draft, noise=0.5, validate=False)
