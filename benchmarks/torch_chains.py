@@ -152,6 +152,34 @@ def measure(
         fns["hf"] = hf_loop
         torch.manual_seed(seed)
         hf_emitted = sum(hf_loop()) / batch_size
+    from_logits = getattr(ssg, "verify_chain_logits", None)
+    if from_logits is not None and batch_size <= 2:
+        # a round that accepts every draft (the draft's logits are the target's): the most rows
+        # verify_chain_logits can be made to process, against process + verify on the same round
+        all_target = target_logits.clone()
+        all_draft = all_target[:, :gamma].clone()
+        all_generator = torch.Generator().manual_seed(seed)
+
+        def all_eager():
+            target = ssg.process(all_target, temperature=temperature, validate=False)
+            draft = ssg.process(all_draft, temperature=temperature, validate=False)
+            return ssg.verify_chain(
+                "standard", draft_tokens, target, draft, generator=all_generator, validate=False
+            )
+
+        def all_logits():
+            return from_logits(
+                "standard",
+                draft_tokens,
+                all_target,
+                all_draft,
+                temperature=temperature,
+                generator=all_generator,
+                validate=False,
+            )
+
+        fns["accepted:full"] = all_eager
+        fns["accepted:logits"] = all_logits
     noise = ssg.chain.chain_noise(batch_size, gamma, torch.Generator().manual_seed(seed))
     target64, draft64 = target_probs.double(), draft_probs.double()
     compile_notes = {}
@@ -176,6 +204,20 @@ def measure(
         emitted[name] = float(full().num_emitted.double().mean())
         if path != "verify_chain":
             continue
+        if from_logits is not None:
+
+            def logits(name=name, generator=generator):
+                return from_logits(
+                    name,
+                    draft_tokens,
+                    target_logits,
+                    draft_logits,
+                    temperature=temperature,
+                    generator=generator,
+                    validate=False,
+                )
+
+            fns[f"logits:{name}"] = logits
 
         def validated(name=name):
             return ssg.verify_chain(name, draft_tokens, target_probs, draft_probs, noise)
@@ -224,6 +266,10 @@ def measure(
                 ms(f"reused:{name}"),
                 sig(best["hf"] / best[f"reused:{name}"], 2) + "x" if "hf" in best else "n/a",
                 sig(best[f"reused:{name}"] / best["softmax_out"], 2) + "x",
+                ms(f"logits:{name}"),
+                sig(best[f"logits:{name}"] / best["exp"], 2) + "x"
+                if f"logits:{name}" in best
+                else "n/a",
             ]
         )
     refs = dict(best)
@@ -247,6 +293,8 @@ HEADER = [
     "process(out=) + verify (ms)",
     "HF loop / ours, out=",
     "ours, out= / softmax into a reused buffer",
+    "from logits: `verify_chain_logits` (ms)",
+    "`verify_chain_logits` / exp floor",
 ]
 
 
@@ -269,6 +317,14 @@ def reference_lines(refs: dict[str, float], batch_size: int) -> str:
         lines.append(
             "- HF loop / exp floor (the largest speed-up over HF any from-logits verifier can "
             f"show here): {sig(refs['hf'] / refs['exp'], 2)}x"
+        )
+    if "accepted:full" in refs:
+        eager, lazy = refs["accepted:full"], refs["accepted:logits"]
+        lines.append(
+            "- `standard` on a round that accepts every draft (the draft's logits are the "
+            "target's, so `verify_chain_logits` processes every row): process + verify "
+            f"{sig(eager * 1e3)} ms ({sig(eager / refs['exp'], 2)}x the exp floor), "
+            f"`verify_chain_logits` {sig(lazy * 1e3)} ms ({sig(lazy / refs['exp'], 2)}x)"
         )
     return "\n".join(lines)
 
@@ -331,10 +387,15 @@ Float32 logits of a correlated pair (`common.chain_logits`, seed {args.seed}); t
 {args.temperature}. "process + verify" is `ssg.process` of both logits tables then the chain
 verify (validation off); "HF loop / ours" divides Hugging Face's per-sequence loop (logits in,
 its own softmax) by that; "ours / read floor" divides it by one `sum` over each logits table,
-"ours / exp floor" by one `exp` pass over each (the normalisers: no exact verifier from logits
-can go below it). The last three columns process into one reused buffer per table
-(`ssg.process(..., out=)`, what a serving loop that keeps its buffers does): no fresh
-`[B, γ + 1, V]` table, whose page faults are most of a softmax's time on some machines.
+"ours / exp floor" by one `exp` pass over each (the normalisers: no verifier that normalises
+every row can go below it). The three columns after those process into one reused buffer per
+table (`ssg.process(..., out=)`, what a serving loop that keeps its buffers does): no fresh
+`[B, γ + 1, V]` table, whose page faults are most of a softmax's time on some machines. The
+last two verify from the logits with `ssg.verify_chain_logits` (the same tokens): at B <= 2 on
+the CPU, for the schemes whose chains take the standard rule, it processes only the rows the
+walk reads (chunks of lanes 0-1, 2-5, 6-13, so its time depends on how many drafts are
+accepted: see the all-accepted line under the latency table); for `block`, `greedy`, `nss`,
+`traversal` and at larger batches it is process + verify.
 Median of {args.repeats} interleaved repeats after a warm-up (latency: {args.repeats * 3}).
 Goals: HF loop / ours >= 10x, ours / read floor <= 4x; chain fast paths: verify / softmax
 <= 0.25x, process + verify <= 1.5x the exp floor (B = 64) and <= 2x (B = 1, V = 151,936).
