@@ -509,10 +509,15 @@ class StandardChain:
         tables carry one, else ``None``."""
         assert tables.draft_flat is not None and host.draft_index is not None
         flat = host.draft_index[row][lane]
-        draft = tables.draft_flat[flat : flat + 1].to(tables.dtype)  # [1, V]
+        draft = self.host_draft_row(tables, host, flat).to(tables.dtype)  # [1, V]
         if tables.draft_mass is None:
             return draft, None
         return draft, tables.draft_mass[flat : flat + 1, None]  # [1, V], [1, 1]
+
+    def host_draft_row(self, tables: ChainTables, host: HostChain, flat: int) -> torch.Tensor:
+        """Flat draft row ``flat`` as the table holds it, ``[1, V]`` (a view)."""
+        assert tables.draft_flat is not None
+        return tables.draft_flat[flat : flat + 1]
 
     def host_stop(
         self, tables: ChainTables, host: HostChain, row: int, accepted: int
@@ -736,15 +741,14 @@ class GreedyChain(StandardChain):
         if key not in host.lanes:
             assert tables.draft_flat is not None and host.draft_index is not None
             flat, token = host.draft_index[row][lane], host.drafted[row][lane]
-            draft = tables.draft_flat[flat : flat + 1].contiguous()  # [1, V], the table's dtype
+            draft = self.host_draft_row(tables, host, flat).contiguous()  # [1, V], table's dtype
             mass = ops.numpy_sum(draft.to(tables.dtype))  # [1]
             drafted = draft[:, token]  # [1]
             covers, drawn = False, PAD
             if bool(drafted.to(tables.dtype) == mass):  # else mass off x: cannot cover
                 covers = not bool(ops.max_off_token(draft, torch.tensor([token]))[0] > 0)
             if covers:
-                at = host.target_index[row][lane]
-                target = tables.target_flat[at : at + 1].to(tables.dtype).contiguous()  # [1, V]
+                target = self.host_target_row(tables, host, host.target_index[row][lane])
                 u = torch.tensor([host.sample[row][lane]], dtype=torch.float64)
                 drawn = int(ops.draw_rows(target, u)[0])
             draft_x = float((drafted / mass).to(torch.float64)[0])  # q'(x), as drafted_mass
@@ -756,7 +760,8 @@ class GreedyChain(StandardChain):
         values = self.host_lane(tables, host, row, lane)
         if values.covers:
             return values.drawn == host.drafted[row][lane]
-        return host.accept[row][lane + 1] * values.draft_x < host.gathered[row][0][lane]
+        target_x, _ = self.host_pair(tables, host, row, lane)
+        return host.accept[row][lane + 1] * values.draft_x < target_x
 
     def host_draft(
         self, tables: ChainTables, host: HostChain, row: int, lane: int

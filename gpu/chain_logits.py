@@ -9,10 +9,11 @@ residual :math:`(p_k - q_k)_+`) or at the bonus row: with ``k`` drafts accepted 
 ``k + 1`` rows of each table, not ``γ + 1`` and ``γ``. ``ssg.process`` is row-local (each
 row's probabilities depend on that row's logits alone, computed by the same kernel whatever the
 table around it; tested bit for bit), so a row formed on first read holds the values the whole
-table would. At one sequence on the CPU (outside ``torch.compile``, validation off, a
-temperature given as a number, the standard rule's schemes: ``standard``, ``specinfer``,
-``rsd``, ``spectr``, ``resispec``, ``spechub``, ``ot_optimal``, ``ot_binned``, ``khisti``) the
-walk forms rows as it reads them; everywhere else the tables are processed whole and
+table would. At one or two sequences on the CPU (outside ``torch.compile``, validation off, a
+temperature given as a number, the schemes whose chains take the standard rule -- ``standard``,
+``specinfer``, ``rsd``, ``spectr``, ``resispec``, ``spechub``, ``ot_optimal``, ``ot_binned``,
+``khisti`` -- and ``greedy``, which reads the same rows) the walk forms rows as it reads them;
+everywhere else the tables are processed whole and
 :func:`~specsampling.gpu.chain.verify_chain` runs on them (a batch's rows are all read
 anyway, and an accelerator wants one kernel, not a host loop).
 """
@@ -29,8 +30,10 @@ from specsampling.tree import DrawLaw
 
 from . import ops
 from .chain import (
+    GREEDY_CHAIN,
     HOST_STANDARD_ROWS,
     ChainTables,
+    GreedyChain,
     HostChain,
     ShapedChain,
     StandardChain,
@@ -45,6 +48,7 @@ from .noise import Noise
 from .processing import process
 from .schemes import tree_lowering
 from .schemes.base import Verified
+from .schemes.greedy import Greedy
 
 #: Lanes of a sequence's first chunk of rows formed on read; each next chunk doubles. Two:
 #: ``process`` spreads a table's rows over torch's threads, so one row alone runs on one
@@ -108,11 +112,8 @@ class _RowsOnRead:
     def host_target_row(self, tables: ChainTables, host: HostChain, flat: int) -> torch.Tensor:
         return self.row(0, flat).to(tables.dtype).contiguous()
 
-    def host_draft(
-        self, tables: ChainTables, host: HostChain, row: int, lane: int
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        assert host.draft_index is not None
-        return self.row(1, host.draft_index[row][lane]).to(tables.dtype), None
+    def host_draft_row(self, tables: ChainTables, host: HostChain, flat: int) -> torch.Tensor:
+        return self.row(1, flat)
 
 
 class _StandardOnRead(_RowsOnRead, StandardChain):
@@ -123,10 +124,26 @@ class _ShapedOnRead(_RowsOnRead, ShapedChain):
     """:class:`~specsampling.gpu.chain.ShapedChain`'s host route on rows formed on read."""
 
 
+class _GreedyOnRead(_RowsOnRead, GreedyChain):
+    """:class:`~specsampling.gpu.chain.GreedyChain`'s host route on rows formed on read."""
+
+
 _ON_READ: dict[type, Any] = {
     StandardChain: _StandardOnRead,
     ShapedChain: _ShapedOnRead,
+    GreedyChain: _GreedyOnRead,
 }
+
+
+def _chain_engine(lowering: Any) -> Any:
+    """The engine ``verify_chain`` runs ``lowering`` on with draft tables, if it is one of
+    :data:`_ON_READ`'s, else ``None``."""
+    if type(lowering) is Greedy:
+        return GREEDY_CHAIN
+    if takes_standard_rule(lowering):
+        engine = standard_rule_engine(lowering)
+        return engine if type(engine) in _ON_READ else None
+    return None
 
 
 def verify_chain_logits(
@@ -260,7 +277,7 @@ def _walks_on_read(
         return False  # the whole-table route names the problem
     if not lowering.reference_scheme.exact_for(DrawLaw.IID, True):
         return False  # verify_chain refuses it
-    return takes_standard_rule(lowering) and type(standard_rule_engine(lowering)) in _ON_READ
+    return _chain_engine(lowering) is not None
 
 
 def rows_on_read(
@@ -287,7 +304,7 @@ def rows_on_read(
         draft_tokens, num_drafts, target_logits.detach(), draft_logits.detach(), target_logits.dtype
     )
     assert tables.draft_flat is not None
-    on_read = _ON_READ[type(standard_rule_engine(lowering))]
+    on_read = _ON_READ[type(_chain_engine(lowering))]
     engine = on_read(tables, tables.target_flat, tables.draft_flat, temperature)
     verified, _ = engine.host_run(tables, noise, 1)
     return verified, engine.formed

@@ -13,7 +13,8 @@ from specsampling import gpu as ssg
 from specsampling.errors import InvalidDistribution
 from specsampling.gpu import chain_logits as L
 
-#: The schemes whose chains take the standard rule (the host walk on rows formed on read).
+#: The schemes whose chains take the standard rule, and greedy (the host walk on rows formed on
+#: read).
 STANDARD_FAMILY = [
     "standard",
     "specinfer",
@@ -24,6 +25,7 @@ STANDARD_FAMILY = [
     "ot_optimal",
     "ot_binned",
     "khisti",
+    "greedy",
 ]
 
 
@@ -40,6 +42,9 @@ def round_inputs(seed: int, batch: int, gamma: int, vocab: int, dtype: torch.dty
         draft[..., : vocab // 3] = -float("inf")
     probs = ssg.process(draft, temperature=temp, validate=False).reshape(-1, vocab).float()
     tokens = torch.multinomial(probs, 1, generator=generator).view(batch, gamma)
+    if seed % 4 == 1:  # a point-mass draft row on lane 0 (greedy's covering lane)
+        point = torch.full_like(draft[:, 0], -float("inf"))
+        draft[:, 0] = point.scatter(1, tokens[:, :1], 0.0)
     return target, draft, tokens
 
 
@@ -55,7 +60,7 @@ def chunk_end(lane: int, lanes: int) -> int:
 def test_rows_on_read_give_verify_chain_verdicts(dtype: torch.dtype) -> None:
     """The host walk on rows formed on read returns ``verify_chain``'s verdicts on the whole
     processed tables, bit for bit, for every scheme of the standard family (resispec's shaped
-    test included): one and two rows, 1-8 drafts, ragged lengths, vocabularies from 2 to 40,000,
+    test included) and greedy (point-mass draft rows included: its covering lanes): one and two rows, 1-8 drafts, ragged lengths, vocabularies from 2 to 40,000,
     temperatures 0.05-2, given noise and noise drawn from a generator. It processes only the
     chunks of rows holding the lanes it reads (counted)."""
     checked = 0
@@ -150,7 +155,7 @@ def test_other_routes_process_the_whole_tables() -> None:
         ("standard", target, draft, tokens, 1.0, False),  # three rows
         ("block", target[:1], draft[:1], tokens[:1], 1.0, False),
         ("nss", target[:1], draft[:1], tokens[:1], 0.9, False),
-        ("greedy", target[:1], draft[:1], tokens[:1], 1.0, False),
+        ("traversal", target[:1], draft[:1], tokens[:1], 1.2, False),
         ("standard", target, draft, tokens, per_row, False),
         ("standard", target[:1].bfloat16(), draft[:1].bfloat16(), tokens[:1], 1.0, False),
         ("standard", target[:1], draft[:1], tokens[:1], 1.0, True),
