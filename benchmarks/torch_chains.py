@@ -392,10 +392,10 @@ every row can go below it). The three columns after those process into one reuse
 table (`ssg.process(..., out=)`, what a serving loop that keeps its buffers does): no fresh
 `[B, γ + 1, V]` table, whose page faults are most of a softmax's time on some machines. The
 last two verify from the logits with `ssg.verify_chain_logits` (the same tokens): at B <= 2 on
-the CPU, for the schemes whose chains take the standard rule and `greedy`, it processes only
-the rows the walk reads (chunks of lanes 0-1, 2-5, 6-13, so its time depends on how many drafts
-are accepted: see the all-accepted line under the latency table); for `block`, `nss`,
-`traversal` and at larger batches it is process + verify.
+the CPU, for the schemes whose chains take the standard rule, `greedy` and `nss`, it processes
+only the rows the walk reads (chunks of lanes 0-1, 2-5, 6-13, so its time depends on how many
+drafts are accepted: see the all-accepted line under the latency table); for `block`,
+`traversal` (whose weights read every lane) and at larger batches it is process + verify.
 Median of {args.repeats} interleaved repeats after a warm-up (latency: {args.repeats * 3}).
 Goals: HF loop / ours >= 10x, ours / read floor <= 4x; chain fast paths: verify / softmax
 <= 0.25x, process + verify <= 1.5x the exp floor (B = 64) and <= 2x (B = 1, V = 151,936).

@@ -12,7 +12,8 @@ table around it; tested bit for bit), so a row formed on first read holds the va
 table would. At one or two sequences on the CPU (outside ``torch.compile``, validation off, a
 temperature given as a number, the schemes whose chains take the standard rule -- ``standard``,
 ``specinfer``, ``rsd``, ``spectr``, ``resispec``, ``spechub``, ``ot_optimal``, ``ot_binned``,
-``khisti`` -- and ``greedy``, which reads the same rows) the walk forms rows as it reads them;
+``khisti`` -- ``greedy``, which reads the same rows, and ``nss``, which reads target rows
+alone) the walk forms rows as it reads them;
 everywhere else the tables are processed whole and
 :func:`~specsampling.gpu.chain.verify_chain` runs on them (a batch's rows are all read
 anyway, and an accelerator wants one kernel, not a host loop).
@@ -38,17 +39,20 @@ from .chain import (
     ShapedChain,
     StandardChain,
     chain_noise,
+    chain_round,
     draft_lengths,
     padded_tables,
     standard_rule_engine,
     takes_standard_rule,
     verify_chain,
 )
+from .chain_rules import NSS_CHAIN, ChainRound, NSSChain
 from .noise import Noise
 from .processing import process
 from .schemes import tree_lowering
 from .schemes.base import Verified
 from .schemes.greedy import Greedy
+from .schemes.nss import NSS
 
 #: Lanes of a sequence's first chunk of rows formed on read; each next chunk doubles. Two:
 #: ``process`` spreads a table's rows over torch's threads, so one row alone runs on one
@@ -66,12 +70,11 @@ class _RowsOnRead:
 
     def __init__(
         self,
-        tables: ChainTables,
+        gamma: int,
         target_logits: torch.Tensor,
         draft_logits: torch.Tensor,
         temperature: float,
     ) -> None:
-        gamma = tables.draft_tokens.shape[1]
         self.logits = (target_logits, draft_logits)  # [R, V] each, flat rows
         self.lanes = (gamma + 1, gamma)  # lanes per sequence in each table
         self.temperature = temperature
@@ -96,7 +99,10 @@ class _RowsOnRead:
             self.chunks[key] = process(logits, temperature=self.temperature, validate=False)
         return self.chunks[key][flat - start : flat - start + 1]  # [1, V]
 
-    # the StandardChain host-route seams, on formed rows
+
+class _TablesOnRead(_RowsOnRead):
+    """:class:`~specsampling.gpu.chain.StandardChain`'s host-route seams on formed rows."""
+
     def host_gathered(self, tables: ChainTables, noise: Noise) -> list[list[list[float]]]:
         return []  # read lane by lane (host_pair)
 
@@ -116,22 +122,36 @@ class _RowsOnRead:
         return self.row(1, flat)
 
 
-class _StandardOnRead(_RowsOnRead, StandardChain):
+class _StandardOnRead(_TablesOnRead, StandardChain):
     """:class:`~specsampling.gpu.chain.StandardChain`'s host route on rows formed on read."""
 
 
-class _ShapedOnRead(_RowsOnRead, ShapedChain):
+class _ShapedOnRead(_TablesOnRead, ShapedChain):
     """:class:`~specsampling.gpu.chain.ShapedChain`'s host route on rows formed on read."""
 
 
-class _GreedyOnRead(_RowsOnRead, GreedyChain):
+class _GreedyOnRead(_TablesOnRead, GreedyChain):
     """:class:`~specsampling.gpu.chain.GreedyChain`'s host route on rows formed on read."""
+
+
+class _NSSOnRead(_RowsOnRead, NSSChain):
+    """:class:`~specsampling.gpu.chain_rules.NSSChain`'s host route on target rows formed on
+    read (NSS reads no draft row)."""
+
+    def host_node_rows(
+        self, chain: ChainRound, sample: torch.Tensor, alive: list[int], node: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        lanes = self.lanes[0]
+        rows = [self.row(0, row * lanes + node) for row in alive]  # [1, V] each
+        stacked = rows[0] if len(rows) == 1 else torch.cat(rows)  # [L, V]
+        return stacked.to(chain.target.dtype), sample[alive, node]  # [L, V], [L]
 
 
 _ON_READ: dict[type, Any] = {
     StandardChain: _StandardOnRead,
     ShapedChain: _ShapedOnRead,
     GreedyChain: _GreedyOnRead,
+    NSSChain: _NSSOnRead,
 }
 
 
@@ -140,6 +160,8 @@ def _chain_engine(lowering: Any) -> Any:
     :data:`_ON_READ`'s, else ``None``."""
     if type(lowering) is Greedy:
         return GREEDY_CHAIN
+    if type(lowering) is NSS:
+        return NSS_CHAIN
     if takes_standard_rule(lowering):
         engine = standard_rule_engine(lowering)
         return engine if type(engine) in _ON_READ else None
@@ -300,14 +322,24 @@ def rows_on_read(
     if noise is None:
         noise = chain_noise(batch_size, gamma, generator, draft_tokens.device)
     noise = Noise(noise.accept.to(torch.float64), noise.sample.to(torch.float64))
-    tables = padded_tables(  # flat views of the logits: the walk reads its rows through `engine`
-        draft_tokens, num_drafts, target_logits.detach(), draft_logits.detach(), target_logits.dtype
+    target_logits, draft_logits = target_logits.detach(), draft_logits.detach()
+    dtype = target_logits.dtype
+    engine = _chain_engine(lowering)
+    vocab = target_logits.shape[-1]
+    on_read = _ON_READ[type(engine)](
+        gamma,
+        target_logits.reshape(batch_size * (gamma + 1), vocab),  # flat rows, views
+        draft_logits.reshape(batch_size * gamma, vocab),
+        temperature,
     )
-    assert tables.draft_flat is not None
-    on_read = _ON_READ[type(_chain_engine(lowering))]
-    engine = on_read(tables, tables.target_flat, tables.draft_flat, temperature)
-    verified, _ = engine.host_run(tables, noise, 1)
-    return verified, engine.formed
+    if isinstance(engine, NSSChain):  # the chain's shape; the walk reads rows through on_read
+        verified = on_read.host_run(
+            chain_round(draft_tokens, num_drafts, target_logits, None, dtype), noise
+        )
+    else:
+        tables = padded_tables(draft_tokens, num_drafts, target_logits, draft_logits, dtype)
+        verified, _ = on_read.host_run(tables, noise, 1)
+    return verified, on_read.formed
 
 
 __all__ = ["rows_on_read", "verify_chain_logits"]

@@ -155,12 +155,7 @@ class NSSChain:
         nodes, drawn = [gamma] * batch_size, [0] * batch_size
         alive = list(range(batch_size))  # the rows whose drafts matched up to this node
         for node in range(gamma + 1):
-            if len(alive) == batch_size:  # every row: the table's own rows, no copy
-                rows, u = target[:, node], sample[:, node]  # [B, V], [B]
-            else:
-                index = torch.tensor(alive, device=target.device)  # [L]
-                rows = ops.table_rows(target, index, torch.full_like(index, node))  # [L, V]
-                u = sample[index, node]  # [L]
+            rows, u = self.host_node_rows(chain, sample, alive, node)  # [L, V], [L]
             descend = []
             for row, token in zip(alive, ops.draw_rows(rows, u).tolist(), strict=True):
                 if node < ends[row] and token == drafted[row][node]:
@@ -171,6 +166,17 @@ class NSSChain:
             if not alive:
                 break
         return host_verdicts(nodes, drawn, drafted, target.device)
+
+    def host_node_rows(
+        self, chain: ChainRound, sample: torch.Tensor, alive: list[int], node: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`host_run`'s target rows at ``node`` of the ``alive`` rows and their
+        uniforms, ``([L, V], [L])``: the table's own rows where every row is alive (no copy)."""
+        target = chain.target  # [B, γ + 1, V]
+        if len(alive) == target.shape[0]:
+            return target[:, node], sample[:, node]  # [B, V], [B]
+        index = torch.tensor(alive, device=target.device)  # [L]
+        return ops.table_rows(target, index, torch.full_like(index, node)), sample[index, node]
 
     def batched_run(self, chain: ChainRound, noise: Noise) -> Verified:
         """The verdicts: descend while the draw is the drafted token."""

@@ -13,8 +13,8 @@ from specsampling import gpu as ssg
 from specsampling.errors import InvalidDistribution
 from specsampling.gpu import chain_logits as L
 
-#: The schemes whose chains take the standard rule, and greedy (the host walk on rows formed on
-#: read).
+#: The schemes whose chains take the standard rule, greedy and nss (the host walks on rows formed
+#: on read; nss reads no draft row).
 STANDARD_FAMILY = [
     "standard",
     "specinfer",
@@ -26,6 +26,7 @@ STANDARD_FAMILY = [
     "ot_binned",
     "khisti",
     "greedy",
+    "nss",
 ]
 
 
@@ -60,9 +61,10 @@ def chunk_end(lane: int, lanes: int) -> int:
 def test_rows_on_read_give_verify_chain_verdicts(dtype: torch.dtype) -> None:
     """The host walk on rows formed on read returns ``verify_chain``'s verdicts on the whole
     processed tables, bit for bit, for every scheme of the standard family (resispec's shaped
-    test included) and greedy (point-mass draft rows included: its covering lanes): one and two rows, 1-8 drafts, ragged lengths, vocabularies from 2 to 40,000,
-    temperatures 0.05-2, given noise and noise drawn from a generator. It processes only the
-    chunks of rows holding the lanes it reads (counted)."""
+    test included), greedy (point-mass draft rows included: its covering lanes) and nss: one
+    and two rows, 1-8 drafts, ragged lengths, vocabularies from 2 to 40,000, temperatures
+    0.05-2, given noise and noise drawn from a generator. It processes only the chunks of rows
+    holding the lanes it reads (counted; nss reads no draft row)."""
     checked = 0
     for seed in range(160):
         rng = random.Random(seed)
@@ -107,8 +109,10 @@ def test_rows_on_read_give_verify_chain_verdicts(dtype: torch.dtype) -> None:
             for a, b in zip(got, expected, strict=True):
                 assert a.dtype == b.dtype and torch.equal(a, b), (seed, name)
         ends = lengths.tolist() if lengths is not None else [gamma] * batch
+        reads_draft = name != "nss"
         rows = sum(
-            chunk_end(k, gamma + 1) + (chunk_end(min(k, end - 1), gamma) if end > 0 else 0)
+            chunk_end(k, gamma + 1)
+            + (chunk_end(min(k, end - 1), gamma) if end > 0 and reads_draft else 0)
             for k, end in zip(expected.node.tolist(), ends, strict=True)
         )
         assert formed == rows, (seed, formed, rows)
@@ -154,7 +158,7 @@ def test_other_routes_process_the_whole_tables() -> None:
     cases = [
         ("standard", target, draft, tokens, 1.0, False),  # three rows
         ("block", target[:1], draft[:1], tokens[:1], 1.0, False),
-        ("nss", target[:1], draft[:1], tokens[:1], 0.9, False),
+        ("nss", target, draft, tokens, 0.9, False),  # three rows
         ("traversal", target[:1], draft[:1], tokens[:1], 1.2, False),
         ("standard", target, draft, tokens, per_row, False),
         ("standard", target[:1].bfloat16(), draft[:1].bfloat16(), tokens[:1], 1.0, False),
