@@ -230,6 +230,7 @@ def residual_rows(
     if divisor is None:
         torch.sub(target, draft, out=into)  # [B, V], in `draft`/`out`
     else:
+        divisor = divisor.to(into.dtype)  # in the compute dtype, as q is read
         torch.addcdiv(target, draft, divisor, value=-1, out=into)  # p - q / d
     return into.clamp_min_(0)
 

@@ -64,8 +64,8 @@ class _RowsOnRead:
     """A chain engine's host route reading probability rows formed on first read (the engine's
     other methods unchanged). A lane is formed with the lanes of its chunk: lanes 0-1, 2-5,
     6-13, ... of its sequence (:data:`FIRST_CHUNK` lanes, then twice as many each time), each
-    chunk by one ``process`` call on its logits rows -- two rows where the first draft is
-    rejected, and the whole table's work in a few calls where every draft is accepted.
+    chunk by one ``process`` call on its logits rows -- two rows of each table where the first
+    draft is rejected, and the whole tables' work in a few calls where every draft is accepted.
     ``formed`` counts the rows processed."""
 
     def __init__(
@@ -198,8 +198,9 @@ def verify_chain_logits(
         The draft's logits each drafted token was sampled from (after ``temperature``).
     temperature : number, or per-sequence values of shape (B, 1)
         As :func:`~specsampling.gpu.processing.process`, for both tables (so per-row values
-        must broadcast to both: one per sequence). A positive Python number lets the host walk
-        form rows on read; ``0`` (greedy rows) and tensors take the whole-table route.
+        must broadcast to both: one per sequence). A positive finite real number (Python or
+        numpy) lets the host walk form rows on read; ``0`` (greedy rows) and tensors take the
+        whole-table route.
 
     Returns
     -------
@@ -259,8 +260,9 @@ def _walks_on_read(
     dtype: torch.dtype | None,
 ) -> bool:
     """Whether :func:`verify_chain_logits` walks on rows formed on read: validation off, one
-    or two rows of well-formed CPU tensors of one float dtype outside ``torch.compile``, a
-    positive finite number for the temperature, a scheme of the standard rule on chains.
+    or two rows of well-formed CPU tensors of one float dtype outside ``torch.compile`` (the
+    noise too, if given: ``[B, γ + 1]`` each), a positive finite number for the temperature,
+    a scheme whose chain engine has a walk on read (the standard rule's, greedy's, nss's).
     Anything else takes the whole-table route, which raises what ``process`` and
     ``verify_chain`` raise."""
     if validate or not (noise is None or isinstance(noise, Noise)):
@@ -289,6 +291,13 @@ def _walks_on_read(
         return False
     if not all(ops.host_reads_free(t) for t in (draft_tokens, target_logits, draft_logits)):
         return False
+    if noise is not None:
+        lanes = (batch_size, gamma + 1)
+        for uniforms in (noise.accept, noise.sample):
+            if not isinstance(uniforms, torch.Tensor) or tuple(uniforms.shape) != lanes:
+                return False
+            if not ops.host_reads_free(uniforms):
+                return False
     if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
         return False
     if not 0 < float(temperature) < float("inf"):
@@ -321,7 +330,11 @@ def rows_on_read(
     num_drafts = draft_lengths(draft_tokens, num_draft_tokens)
     if noise is None:
         noise = chain_noise(batch_size, gamma, generator, draft_tokens.device)
-    noise = Noise(noise.accept.to(torch.float64), noise.sample.to(torch.float64))
+    device = draft_tokens.device
+    noise = Noise(
+        noise.accept.to(device=device, dtype=torch.float64),
+        noise.sample.to(device=device, dtype=torch.float64),
+    )
     target_logits, draft_logits = target_logits.detach(), draft_logits.detach()
     dtype = target_logits.dtype
     engine = _chain_engine(lowering)

@@ -145,6 +145,8 @@ def process(
     ----------
     logits : torch.Tensor or array_like, shape (..., vocab_size)
         A tensor stays on its device; other input is converted like the reference (float64, CPU).
+        Tensors that require grad (logits or per-row parameters) are read as their detached
+        values: the probabilities sampled from carry no gradient, on every route.
     temperature, top_k, top_p : scalar, or per-row values of shape (...)
         A number (same rules as :func:`specsampling.process`), or a tensor / sequence / numpy
         array broadcastable to the batch dimensions ``logits.shape[:-1]``: each row then uses its
@@ -199,6 +201,10 @@ def process(
     >>> process(torch.zeros(2, 4), temperature=torch.tensor([0.0, 1.0]), top_p=0.5).tolist()
     [[1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0]]
     """
+    logits, temperature, top_k, top_p = (
+        value.detach() if isinstance(value, torch.Tensor) else value
+        for value in (logits, temperature, top_k, top_p)
+    )  # no gradient: the out= routes cannot carry one, and a sampled token has none
     if not validate and _plain_softmax(logits, temperature, top_k, top_p):
         if out is None:
             return torch.softmax(logits.to(torch.float32), -1)  # what the general route computes

@@ -150,9 +150,15 @@ def test_process_is_row_local(dtype: torch.dtype) -> None:
                 assert torch.equal(part, whole[start:stop]), (vocab, temp, start)
 
 
-def test_other_routes_process_the_whole_tables() -> None:
+def test_other_routes_process_the_whole_tables(monkeypatch: pytest.MonkeyPatch) -> None:
     """Batches beyond the host walk, schemes of other engines, per-row temperatures, bf16
-    logits and ``validate=True`` take ``verify_chain`` on the processed tables: its verdicts."""
+    logits and ``validate=True`` take ``verify_chain`` on the processed tables (the walk on
+    read is never entered): its verdicts."""
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the walk on read was taken")
+
+    monkeypatch.setattr(L, "rows_on_read", refuse)
     target, draft, tokens = round_inputs(3, 3, 4, 300, torch.float32, 1.0)
     per_row = torch.tensor([[0.8], [1.0], [1.6]])  # one per sequence: both tables' rows
     cases = [
@@ -163,6 +169,7 @@ def test_other_routes_process_the_whole_tables() -> None:
         ("standard", target, draft, tokens, per_row, False),
         ("standard", target[:1].bfloat16(), draft[:1].bfloat16(), tokens[:1], 1.0, False),
         ("standard", target[:1], draft[:1], tokens[:1], 1.0, True),
+        ("standard", target[:1], draft[:1], tokens[:1], 0.0, False),  # greedy rows
     ]
     for name, t, d, x, temp, validate in cases:
         noise = ssg.chain.chain_noise(x.shape[0], x.shape[1], torch.Generator().manual_seed(5))
@@ -193,3 +200,49 @@ def test_bad_input_is_refused_naming_the_argument() -> None:
         ssg.verify_chain_logits("standard", tokens, nan, draft)
     with pytest.raises(TypeError, match="noise"):
         ssg.verify_chain_logits("standard", tokens, target, draft, noise=0.5, validate=False)
+
+
+def test_fast_path_inputs_of_other_kinds_match_the_whole_tables() -> None:
+    """Numpy and integer temperatures, logits that require grad (read detached, as ``process``
+    and ``verify_chain`` read them), float32 noise, int32 tokens and strided logits take the
+    walk on read at one row, with the whole tables' verdicts; noise of the wrong shape takes
+    the whole-table route, which refuses it as ``verify_chain`` does."""
+    import numpy as np
+
+    target, draft, tokens = round_inputs(6, 3, 4, 300, torch.float32, 1.0)
+    noise = ssg.chain.chain_noise(3, 4, torch.Generator().manual_seed(1))
+    cases = [
+        (target, draft, tokens, noise, np.float32(0.7)),
+        (target, draft, tokens, noise, 2),
+        (target.clone().requires_grad_(), draft.clone().requires_grad_(), tokens, noise, 0.7),
+        (target, draft, tokens, ssg.Noise(noise.accept.float(), noise.sample.float()), 1.0),
+        (target, draft, tokens.int(), noise, 1.0),
+        (target.transpose(0, 1).contiguous().transpose(0, 1), draft, tokens, noise, 1.3),
+    ]
+    for t, d, x, uniforms, temp in cases:
+        for rows in (slice(0, 1), slice(0, 3)):  # the walk on read, then the whole tables
+            part = ssg.Noise(uniforms.accept[rows], uniforms.sample[rows])
+            got = ssg.verify_chain_logits(
+                "standard", x[rows], t[rows], d[rows], part, temperature=temp, validate=False
+            )
+            expected = ssg.verify_chain(
+                "standard",
+                x[rows],
+                ssg.process(t[rows], temperature=float(temp), validate=False),
+                ssg.process(d[rows], temperature=float(temp), validate=False),
+                part,
+                validate=False,
+            )
+            assert torch.equal(got.tokens, expected.tokens), (temp, rows)
+    short = ssg.Noise(noise.accept[:2, :3], noise.sample[:2, :3])  # [2, 3], not [1, 5]
+    with pytest.raises(Exception) as refused:
+        ssg.verify_chain_logits("greedy", tokens[:1], target[:1], draft[:1], short, validate=False)
+    with pytest.raises(type(refused.value)):
+        ssg.verify_chain(
+            "greedy",
+            tokens[:1],
+            ssg.process(target[:1], validate=False),
+            ssg.process(draft[:1], validate=False),
+            short,
+            validate=False,
+        )

@@ -524,6 +524,29 @@ def test_out_gets_every_route_s_values(kwargs: dict, validate: bool, dtype: torc
     assert torch.equal(out3[0], expected)
 
 
+@pytest.mark.parametrize("validate", [True, False])
+@pytest.mark.parametrize(
+    "kwargs", OUT_CASES, ids=lambda k: ",".join(f"{a}={b}" for a, b in k.items()) or "plain"
+)
+def test_logits_that_require_grad_are_read_detached(kwargs: dict, validate: bool) -> None:
+    """Logits (and per-row parameter tensors) that require grad give the detached values'
+    probabilities on every route, without a gradient and without an error (the routes that
+    write into buffers cannot carry one), with and without ``out=``."""
+    generator = torch.Generator().manual_seed(3)
+    logits = 3 * torch.randn(3, 300, generator=generator)
+    expected = process(logits, validate=validate, **kwargs)
+    tracked = {
+        k: torch.tensor(v, requires_grad=True) if isinstance(v, list) and None not in v else v
+        for k, v in kwargs.items()
+    }
+    got = process(logits.clone().requires_grad_(), validate=validate, **tracked)
+    assert not got.requires_grad
+    assert torch.equal(got, expected)
+    out = torch.empty_like(expected)
+    assert process(logits.clone().requires_grad_(), validate=validate, out=out, **kwargs) is out
+    assert torch.equal(out, expected)
+
+
 def test_bad_out_is_named() -> None:
     logits = torch.zeros(2, 5)
     cases = [
