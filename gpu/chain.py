@@ -973,6 +973,23 @@ def chain_noise(
     return Noise(accept.to(device), sample.to(device))
 
 
+def round_noise(
+    noise: Noise | None,
+    batch_size: int,
+    gamma: int,
+    generator: torch.Generator | None,
+    device: torch.device,
+) -> Noise:
+    """A round's uniforms as the engines read them: ``noise`` as float64 on ``device``, or
+    fresh ones (:func:`chain_noise`) where it is ``None``."""
+    if noise is None:
+        noise = chain_noise(batch_size, gamma, generator, device)
+    return Noise(
+        noise.accept.to(device=device, dtype=torch.float64),
+        noise.sample.to(device=device, dtype=torch.float64),
+    )
+
+
 # --------------------------------------------------------------------------- the general path
 def chain_batch(draft_tokens: torch.Tensor, num_drafts: torch.Tensor) -> TreeBatch:
     """The :class:`TreeBatch` of the chains (law ``iid``), built on device without a host
@@ -1123,13 +1140,8 @@ def verify_chain(
     tolerance = check_tolerance(tolerance)
     if validate:
         check_chain_round(draft_tokens, target_probs, draft_probs, noise, num_drafts, tolerance)
-    if noise is None:
-        noise = chain_noise(batch_size, gamma, generator, draft_tokens.device)
     device = draft_tokens.device
-    noise = Noise(
-        noise.accept.to(device=device, dtype=torch.float64),
-        noise.sample.to(device=device, dtype=torch.float64),
-    )
+    noise = round_noise(noise, batch_size, gamma, generator, device)
     # detached: a verdict has no gradient, and the engines write into buffers (out=)
     target_probs = target_probs.detach().to(device)
     draft_probs = None if draft_probs is None else draft_probs.detach().to(device)

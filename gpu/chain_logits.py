@@ -38,10 +38,10 @@ from .chain import (
     HostChain,
     ShapedChain,
     StandardChain,
-    chain_noise,
     chain_round,
     draft_lengths,
     padded_tables,
+    round_noise,
     standard_rule_engine,
     takes_standard_rule,
     verify_chain,
@@ -328,13 +328,7 @@ def rows_on_read(
     draft_tokens = draft_tokens.to(torch.long)
     batch_size, gamma = draft_tokens.shape
     num_drafts = draft_lengths(draft_tokens, num_draft_tokens)
-    if noise is None:
-        noise = chain_noise(batch_size, gamma, generator, draft_tokens.device)
-    device = draft_tokens.device
-    noise = Noise(
-        noise.accept.to(device=device, dtype=torch.float64),
-        noise.sample.to(device=device, dtype=torch.float64),
-    )
+    noise = round_noise(noise, batch_size, gamma, generator, draft_tokens.device)
     target_logits, draft_logits = target_logits.detach(), draft_logits.detach()
     dtype = target_logits.dtype
     engine = _chain_engine(lowering)
