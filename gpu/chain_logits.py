@@ -116,7 +116,7 @@ class _TablesOnRead(_RowsOnRead):
         return float(target_x), float(draft_x)
 
     def host_target_row(self, tables: ChainTables, host: HostChain, flat: int) -> torch.Tensor:
-        return self.row(0, flat).to(tables.dtype).contiguous()
+        return self.row(0, flat)  # contiguous, in the tables' dtype (the logits')
 
     def host_draft_row(self, tables: ChainTables, host: HostChain, flat: int) -> torch.Tensor:
         return self.row(1, flat)
@@ -144,7 +144,7 @@ class _NSSOnRead(_RowsOnRead, NSSChain):
         lanes = self.lanes[0]
         rows = [self.row(0, row * lanes + node) for row in alive]  # [1, V] each
         stacked = rows[0] if len(rows) == 1 else torch.cat(rows)  # [L, V]
-        return stacked.to(chain.target.dtype), sample[alive, node]  # [L, V], [L]
+        return stacked, sample[alive, node]  # [L, V] in the chain's dtype (the logits'), [L]
 
 
 _ON_READ: dict[type, Any] = {
@@ -223,11 +223,12 @@ def verify_chain_logits(
     >>> eager.tokens.tolist()
     [[0, -1]]
     """
-    if _walks_on_read(
+    engine = _walk_engine(
         scheme, draft_tokens, target_logits, draft_logits, noise, temperature, validate, dtype
-    ):
-        return rows_on_read(
-            scheme,
+    )
+    if engine is not None:
+        return _walk_on_read(
+            engine,
             draft_tokens,
             target_logits,
             draft_logits,
@@ -249,7 +250,7 @@ def verify_chain_logits(
     )
 
 
-def _walks_on_read(
+def _walk_engine(
     scheme: Any,
     draft_tokens: Any,
     target_logits: Any,
@@ -258,57 +259,58 @@ def _walks_on_read(
     temperature: Any,
     validate: bool,
     dtype: torch.dtype | None,
-) -> bool:
-    """Whether :func:`verify_chain_logits` walks on rows formed on read: validation off, one
+) -> Any:
+    """The engine :func:`verify_chain_logits` walks on rows formed on read, or ``None`` where
+    it processes the whole tables. It walks with validation off, one
     or two rows of well-formed CPU tensors of one float dtype outside ``torch.compile`` (the
     noise too, if given: ``[B, γ + 1]`` each), a positive finite number for the temperature,
     a scheme whose chain engine has a walk on read (the standard rule's, greedy's, nss's).
     Anything else takes the whole-table route, which raises what ``process`` and
     ``verify_chain`` raise."""
     if validate or not (noise is None or isinstance(noise, Noise)):
-        return False
+        return None
     if not all(isinstance(t, torch.Tensor) for t in (draft_tokens, target_logits, draft_logits)):
-        return False
+        return None
     if (
         draft_tokens.ndim != 2
         or draft_tokens.is_floating_point()
         or draft_tokens.dtype == torch.bool
     ):
-        return False
+        return None
     batch_size, gamma = draft_tokens.shape
     if not (0 < batch_size <= HOST_STANDARD_ROWS and gamma > 0):
-        return False
+        return None
     if target_logits.ndim != 3 or draft_logits.ndim != 3:
-        return False
+        return None
     vocab = target_logits.shape[-1]
     if tuple(target_logits.shape) != (batch_size, gamma + 1, vocab):
-        return False
+        return None
     if tuple(draft_logits.shape) != (batch_size, gamma, vocab) or vocab == 0:
-        return False
+        return None
     if target_logits.dtype not in (torch.float32, torch.float64):
-        return False
+        return None
     if draft_logits.dtype != target_logits.dtype or dtype not in (None, target_logits.dtype):
-        return False
+        return None
     if not all(ops.host_reads_free(t) for t in (draft_tokens, target_logits, draft_logits)):
-        return False
+        return None
     if noise is not None:
         lanes = (batch_size, gamma + 1)
         for uniforms in (noise.accept, noise.sample):
             if not isinstance(uniforms, torch.Tensor) or tuple(uniforms.shape) != lanes:
-                return False
+                return None
             if not ops.host_reads_free(uniforms):
-                return False
+                return None
     if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
-        return False
+        return None
     if not 0 < float(temperature) < float("inf"):
-        return False
+        return None
     try:
         lowering = tree_lowering(scheme)
     except (KeyError, TypeError, ValueError, UnsupportedShape):
-        return False  # the whole-table route names the problem
+        return None  # the whole-table route names the problem
     if not lowering.reference_scheme.exact_for(DrawLaw.IID, True):
-        return False  # verify_chain refuses it
-    return _chain_engine(lowering) is not None
+        return None  # verify_chain refuses it
+    return _chain_engine(lowering)
 
 
 def rows_on_read(
@@ -324,14 +326,36 @@ def rows_on_read(
     """``(verdicts, rows processed)`` of the host walk on rows formed on read, as
     :func:`verify_chain` with ``validate=False`` (one stop round; the same noise from the same
     generator)."""
-    lowering = tree_lowering(scheme)
+    engine = _chain_engine(tree_lowering(scheme))
+    return _walk_on_read(
+        engine,
+        draft_tokens,
+        target_logits,
+        draft_logits,
+        noise,
+        temperature,
+        generator,
+        num_draft_tokens,
+    )
+
+
+def _walk_on_read(
+    engine: Any,
+    draft_tokens: torch.Tensor,
+    target_logits: torch.Tensor,
+    draft_logits: torch.Tensor,
+    noise: Noise | None,
+    temperature: float,
+    generator: torch.Generator | None,
+    num_draft_tokens: Any,
+) -> tuple[Verified, int]:
+    """:func:`rows_on_read` on ``engine`` (one of :data:`_ON_READ`'s)."""
     draft_tokens = draft_tokens.to(torch.long)
     batch_size, gamma = draft_tokens.shape
     num_drafts = draft_lengths(draft_tokens, num_draft_tokens)
     noise = round_noise(noise, batch_size, gamma, generator, draft_tokens.device)
     target_logits, draft_logits = target_logits.detach(), draft_logits.detach()
     dtype = target_logits.dtype
-    engine = _chain_engine(lowering)
     vocab = target_logits.shape[-1]
     on_read = _ON_READ[type(engine)](
         gamma,
