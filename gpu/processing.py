@@ -80,9 +80,19 @@ How each step is computed:
   float64 a host-known largest ``k < V`` takes the top-k route above (its sync-free threshold
   rule); anything else with top-p takes the full stable sort of every row (the same tokens as
   above, bit for bit, only slower).
-* **Zeroing.** The dropped tokens are zeroed in place, ``p * (p >= v)`` chunk by chunk of rows
-  through one reused buffer (``v`` the last kept value), then the rows cut inside a tie group by
-  their own masks; the result is divided by its row sums.
+* **Zeroing and the divisor.** Below float64, on the routes over the whole rows' softmax (all
+  but the top-k route above, which divides by its own ``Z``), each row's kept probabilities
+  are divided by its kept **integer mass** times :math:`2^{-s}` (the dtype rule's units, rounded once to float32:
+  :func:`_kept_divisor`), which every route knows from its own integer sums; it is a function
+  of the kept set alone, so a row's values are the same bit for bit on every route, in any
+  batch and on any device (row-local: a row processed alone equals its row of the table), and
+  it is the kept mass to within ``V`` units of :math:`2^{-s}`, closer than a float32 sum. The
+  dropped tokens are zeroed in place, ``p / d * (p >= v)`` chunk by chunk of rows through one
+  reused buffer (``v`` the last kept value, ``d`` the divisor), then the rows cut inside a tie
+  group by their own masks; where the partial sort decides the rows of a checked table (all but
+  an eighth at most, :data:`_MASKED_SHARE`), the table is zeroed and each row's kept tokens are
+  written by id instead (the few other rows masked first), with no read of the rest of the
+  rows. Float64 divides by the row sums added in numpy's order, as the reference.
 
 In float64 on CPU a row comes out bit for bit equal to the reference whenever torch's ``exp``
 rounds like numpy's (99% of the test grid's rows; the two ``exp`` differ by one ulp on about 5%
@@ -238,8 +248,8 @@ def process(
         probs = _softmax(x, temperature, greedy, buffer, row_max)  # [R, V], new or `buffer`
         kept = _keep(probs, top_k, top_p, validate)  # or None: every token kept
         if kept is not None:
-            _zero_dropped(probs, kept)  # in place
-        if kept is not None or exact:  # float64 renormalises as the reference does, bit for bit
+            _zero_dropped(probs, kept)  # in place; divided by the kept mass where it is known
+        if (kept is not None and kept.mass is None) or exact:  # float64: as the reference does
             probs.div_(_row_sum(probs))
     if not (temperature.host and temperature.host_min > 0):  # some rows may be T = 0
         top = ops.argmax_blocks(x)[:, None]  # [R, 1]
@@ -403,26 +413,66 @@ def _softmax(
 
 class _Kept(NamedTuple):
     """The tokens top-k then top-p keep: in every row those at or above ``threshold [R, 1]``
-    (``None``: all), and in the rows ``index [U]`` only those of ``masks [U, V]`` too."""
+    (``None``: all), and in the rows ``index [U]`` only those of ``masks [U, V]`` too.
+
+    ``mass [R]`` (below float64; ``None`` in float64 or where a route does not form it): each
+    row's kept integer mass (:func:`_fixed` units), whose ``2 ** -s`` multiple divides the kept
+    probabilities (:func:`_kept_divisor`). ``ids [R, m]`` with ``count [R]``: where every row's
+    kept tokens are known to be its ``ids[r, :count[r]]`` (the peaked rows' partial sort), so
+    that :func:`_zero_dropped` writes a zero table and those tokens instead of reading the rows."""
 
     threshold: torch.Tensor | None
     index: torch.Tensor | None = None
     masks: torch.Tensor | None = None
+    mass: torch.Tensor | None = None
+    ids: torch.Tensor | None = None
+    count: torch.Tensor | None = None
+
+
+def _kept_divisor(mass: torch.Tensor, vocab_size: int, dtype: torch.dtype) -> torch.Tensor:
+    r"""The divisor of each row's kept probabilities below float64, ``[R, 1]`` in ``dtype``: the
+    kept integer mass ``mass [R]`` (:func:`_fixed` units) times :math:`2^{-s}`, exact in float64
+    (under :math:`2^{53}`), rounded once to ``dtype``. It is a function of the kept set alone
+    (integer sums do not depend on the order of addition), so every route, batch size and
+    device divides a row by the same number, and it is the kept mass to within the truncations
+    (under ``V`` units of :math:`2^{-s}`), closer than a float32 sum of the row."""
+    return (mass.to(torch.float64) * 2.0 ** -_fixed_shift(vocab_size)).to(dtype)[:, None]
 
 
 def _zero_dropped(probs: torch.Tensor, kept: _Kept) -> None:
-    """Zero, in place, the tokens of ``probs [R, V]`` that ``kept`` drops: the threshold chunk by
-    chunk of rows (``p * (p >= v)`` with the comparison written as 0.0 / 1.0 into one reused
-    buffer of ``probs``' dtype: ``p * 1 = p``, ``p * 0 = 0``; on the CPU a whole-table
-    ``where``, or a multiply by a boolean mask, which converts it first, costs several times
-    that), then the masked rows."""
+    """Zero, in place, the tokens of ``probs [R, V]`` that ``kept`` drops and, where ``kept.mass``
+    is known, divide the kept ones by :func:`_kept_divisor` (else the caller divides by the row
+    sums). With ``kept.ids``: a zero table, then each row's kept tokens written divided (the
+    same values: one division of the same two numbers), and the masked rows, formed before the
+    zeroing, written back. Otherwise the threshold chunk by chunk
+    of rows (``p / d * (p >= v)``, the comparison written as 0.0 / 1.0 into one reused buffer of
+    ``probs``' dtype: ``x * 1 = x``, ``x * 0 = 0``, and the chunk is still in the cache for the
+    division and the product; on the CPU a whole-table ``where``, or a multiply by a boolean
+    mask, which converts it first, costs several times that), then the masked rows."""
+    vocab_size = probs.shape[-1]
+    divisor = None if kept.mass is None else _kept_divisor(kept.mass, vocab_size, probs.dtype)
+    if kept.ids is not None and kept.count is not None and divisor is not None:
+        masked = None  # the masked rows, formed before the table is zeroed
+        if kept.index is not None and kept.masks is not None:
+            masked = probs[kept.index].div_(divisor[kept.index]).mul_(kept.masks)  # [U, V]
+        ranks = torch.arange(kept.ids.shape[-1], device=probs.device)  # [m]
+        values = probs.gather(-1, kept.ids).div_(divisor)  # [R, m]
+        values.masked_fill_(ranks >= kept.count[:, None], 0.0)  # [R, m]: dropped ranks
+        probs.zero_().scatter_(-1, kept.ids, values)
+        if masked is not None:
+            probs[kept.index] = masked
+        return
     if kept.threshold is not None:
         step = _row_chunks(probs, _NUCLEUS_CHUNK_ELEMENTS)
-        buffer = torch.empty(step, probs.shape[-1], dtype=probs.dtype, device=probs.device)
+        buffer = torch.empty(step, vocab_size, dtype=probs.dtype, device=probs.device)
         for start in range(0, len(probs), step):
             chunk = probs[start : start + step]  # [c, V]
             above = torch.ge(chunk, kept.threshold[start : start + step], out=buffer[: len(chunk)])
+            if divisor is not None:
+                chunk.div_(divisor[start : start + step])
             chunk.mul_(above)
+    elif divisor is not None:  # masks alone: every row is masked, and divided here
+        probs.div_(divisor)
     if kept.masks is not None and kept.index is None:  # every row masked (no host read)
         probs.mul_(kept.masks)
     elif kept.masks is not None:
@@ -455,7 +505,7 @@ def _keep(
     masses = _top_p_masses(top_p)  # [R]
     if validate or _reads_are_free(probs.device):
         if use_p and not use_k and probs.dtype != torch.float64:
-            return _keep_top_p(probs, counts, masses)
+            return _keep_top_p(probs, counts, masses, by_ids=validate)  # checked: no NaN rows
         if use_p and not use_k:  # float64 top-p alone: the candidates of a radix histogram
             values, valid = _nucleus_candidates(probs, masses)
         else:
@@ -467,7 +517,8 @@ def _keep(
         return _top_p_with_fallback(probs, counts, masses, values, valid)
     if not use_p and small_k:
         return _Kept(None, masks=_top_k_by_threshold(probs, counts, int(top_k.host_max)))
-    return _Kept(None, masks=_keep_sorted(probs, counts, masses))
+    masks, mass = _keep_sorted(probs, counts, masses)
+    return _Kept(None, masks=masks, mass=mass)
 
 
 def _reads_are_free(device: torch.device) -> bool:
@@ -476,13 +527,18 @@ def _reads_are_free(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
-def _keep_sorted(probs: torch.Tensor, counts: torch.Tensor, masses: torch.Tensor) -> torch.Tensor:
-    """Top-k then top-p by one stable sort of every row, as the reference (``[R, V]`` bool):
-    float64 with the reference's cumulative masses, below float64 with :func:`_fixed` ones."""
+def _keep_sorted(
+    probs: torch.Tensor, counts: torch.Tensor, masses: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Top-k then top-p by one stable sort of every row, as the reference: the kept tokens
+    (``[R, V]`` bool) and, below float64, each row's kept integer mass (``[R]``, :func:`_fixed`
+    units; ``None`` in float64). Float64 with the reference's cumulative masses, below float64
+    with :func:`_fixed` ones."""
     vocab_size = probs.shape[-1]
     ranked, order = torch.sort(probs, dim=-1, descending=True, stable=True)  # [R, V] each
     keep = torch.arange(vocab_size, device=probs.device) < counts[:, None]  # [R, V], ranked
     kept = torch.where(keep, ranked, torch.zeros_like(ranked))  # [R, V]
+    mass = None
     if probs.dtype == torch.float64:
         cumulative = kept.cumsum(-1)  # [R, V]
         mass_before = cumulative - kept  # [R, V]
@@ -493,10 +549,11 @@ def _keep_sorted(probs: torch.Tensor, counts: torch.Tensor, masses: torch.Tensor
         mass_before = cumulative - units  # [R, V]
         threshold = _fixed_threshold(masses, cumulative[:, -1])[:, None]  # [R, 1]
     keep = keep & (mass_before < threshold)  # [R, V]
-    return torch.zeros_like(keep).scatter_(-1, order, keep)  # [R, V], back in token order
+    if probs.dtype != torch.float64:
+        mass = torch.where(keep, units, 0).sum(-1)  # [R]: the kept ranks' integer mass
+    return torch.zeros_like(keep).scatter_(-1, order, keep), mass  # [R, V], in token order
 
 
-# Below float64 the top-p masses are counted in integer units of ``2 ** -shift`` (:func:`_fixed`),
 # ``shift = 62 - bit_length(V)``: ``V`` units of at most ``2 ** shift`` each sum below
 # ``2 ** 62``, so no ``int64`` sum overflows, and every sum is exact in any order.
 def _fixed_shift(vocab_size: int) -> int:
@@ -532,21 +589,37 @@ def _top_p_with_fallback(
     valid: torch.Tensor,
     nucleus: bool = False,
     band: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ids: torch.Tensor | None = None,
 ) -> _Kept:
     """:func:`_top_p_prefix` on every row, then the rows it leaves undecided by the full sort,
     or with ``nucleus`` (top-p alone below float64) by :func:`_keep_nucleus` (the kept tokens).
-    ``band``: the rows' :func:`_fixed_total_band`, if already formed. One host read: the rows'
-    flags."""
-    last_value, num_kept, decided, partial = _top_p_prefix(
+    ``band``: the rows' :func:`_fixed_total_band`, if already formed. ``ids [R, m]``: the token
+    ids of ``values`` (or None); where every row is decided, none is cut inside a tie group and
+    none keeps everything, the result names each row's kept tokens by them (``_Kept.ids``). One
+    host read: the rows' flags (and, below float64, the integer totals of the rows that keep
+    everything, whose mass the prefix does not hold)."""
+    vocab_size = probs.shape[-1]
+    last_value, num_kept, decided, partial, mass = _top_p_prefix(
         probs, counts, masses, values, valid, band
     )
-    flags = torch.stack([~decided, partial & decided]).tolist()  # the host read
+    keep_all = (masses == math.inf) & (counts >= vocab_size)  # [R]: top-k and top-p off
+    flags = torch.stack([~decided, partial & decided, keep_all]).tolist()  # the host read
     tied_rows = [row for row, flag in enumerate(flags[1]) if flag]
     rows = [row for row, flag in enumerate(flags[0]) if flag]
-    if not (tied_rows or rows):
-        return _Kept(last_value)
-    if nucleus and len(rows) == len(probs):  # no row decided: the radix select on the table
+    whole_rows = [row for row, flag in enumerate(flags[2]) if flag and not flags[0][row]]
+    if nucleus and rows and len(rows) == len(probs):  # none decided: the radix select alone
         return _keep_nucleus(probs, masses)
+    if mass is not None and whole_rows:  # their mass is the row's integer total
+        index = torch.tensor(whole_rows, device=probs.device)  # [U]
+        mass = mass.index_copy(0, index, _fixed(probs[index], vocab_size).sum(-1))
+    # the kept tokens by ids: every row but a few (those the prefix does not decide, or cuts
+    # inside a tie group) decided, and those few masked before the table is zeroed
+    by_ids = ids is not None and not whole_rows
+    by_ids = by_ids and len(tied_rows) + len(rows) <= _MASKED_SHARE * len(probs)
+    if not (tied_rows or rows):
+        if not by_ids:
+            return _Kept(last_value, mass=mass)
+        return _Kept(last_value, mass=mass, ids=ids, count=num_kept)
     masks, masked = [], list(tied_rows)
     if tied_rows:  # rare: the last kept value's tie group is cut; keep its lowest ids only
         index = torch.tensor(tied_rows, device=probs.device)  # [U]
@@ -558,17 +631,31 @@ def _top_p_with_fallback(
         if selected is None:
             selected = last_value.new_full((len(rows), 1), -1.0)
         last_value = last_value.index_copy(0, index, selected)  # [R, 1]
-        if kept.index is not None and kept.masks is not None:
+        if mass is not None and kept.mass is not None:
+            mass = mass.index_copy(0, index, kept.mass)
+        if by_ids:  # all of these rows as masks: their thresholds, and the cut rows' own
+            row_masks = probs[index] >= selected  # [U, V]
+            if kept.index is not None and kept.masks is not None:
+                row_masks[kept.index] = kept.masks
+            masked += rows
+            masks.append(row_masks)
+        elif kept.index is not None and kept.masks is not None:
             masked += [rows[i] for i in kept.index.tolist()]
             masks.append(kept.masks)
     elif rows:  # the full sort decides these alone: no threshold
         index = torch.tensor(rows, device=probs.device)  # [U]
-        masks.append(_keep_sorted(probs[index], counts[index], masses[index]))
+        sorted_masks, sorted_mass = _keep_sorted(probs[index], counts[index], masses[index])
+        masks.append(sorted_masks)
+        if mass is not None and sorted_mass is not None:
+            mass = mass.index_copy(0, index, sorted_mass)
         last_value = last_value.index_fill(0, index, -1.0)  # [R, 1]
         masked += rows
     if not masks:
-        return _Kept(last_value)
-    return _Kept(last_value, torch.tensor(masked, device=probs.device), torch.cat(masks))
+        return _Kept(last_value, mass=mass)
+    index = torch.tensor(masked, device=probs.device)  # [U]
+    if by_ids:
+        return _Kept(last_value, index, torch.cat(masks), mass, ids, num_kept)
+    return _Kept(last_value, index, torch.cat(masks), mass=mass)
 
 
 #: Top-p alone below float64: the ranks a partial sort tries first on peaked rows
@@ -580,6 +667,11 @@ _BOUND_BLOCK = 16
 _LONG_BOUND_BLOCK = 64
 _LONG_BOUND_VOCAB = 16_384
 _PEAKED_SHARE = 0.5
+
+#: The largest share of rows a partial sort that decides the others may leave to masks (rows it
+#: does not decide, or cuts inside a tie group) and still name its kept tokens by ids
+#: (:func:`_top_p_with_fallback`): each such row costs a row copy and a mask.
+_MASKED_SHARE = 0.125
 
 
 def _bound_block(vocab_size: int) -> int:
@@ -605,7 +697,9 @@ def _top_mass_bound(sums: torch.Tensor, count: int, cap: torch.Tensor) -> torch.
     return count * cap + (sums - cap[:, None].to(sums.dtype)).clamp_min_(0).sum(-1)  # [R]
 
 
-def _keep_top_p(probs: torch.Tensor, counts: torch.Tensor, masses: torch.Tensor) -> _Kept:
+def _keep_top_p(
+    probs: torch.Tensor, counts: torch.Tensor, masses: torch.Tensor, by_ids: bool = False
+) -> _Kept:
     """Top-p alone below float64 (the kept tokens): on **peaked** rows, whose nucleus may lie in
     the first :data:`_PEAKED_PREFIX` ranks (:func:`_top_mass_bound` reaches ``top_p``, less a
     margin for the row's own rounding), a partial sort of those ranks by
@@ -615,7 +709,9 @@ def _keep_top_p(probs: torch.Tensor, counts: torch.Tensor, masses: torch.Tensor)
     small ``topk`` where the radix select costs several integer passes and a histogram, and the
     bound (the block sums and one pass over them, no sort) keeps flat rows (nuclei of thousands
     of tokens) from paying for a prefix that cannot decide them: the prefix runs on every row
-    when at least :data:`_PEAKED_SHARE` of them are peaked, else the radix select does. Host
+    when at least :data:`_PEAKED_SHARE` of them are peaked, else the radix select does. With
+    ``by_ids`` (values checked: no NaN row), a table the prefix decides whole comes back as each
+    row's kept token ids (``_Kept.ids``), for a zero table and those tokens written. Host
     reads: how many rows are peaked, then the prefix's flags."""
     vocab_size = probs.shape[-1]
     if vocab_size <= 8 * _PEAKED_PREFIX or len(probs) == 0:
@@ -628,10 +724,13 @@ def _keep_top_p(probs: torch.Tensor, counts: torch.Tensor, masses: torch.Tensor)
     num_peaked = int(peaked.sum())  # the host read
     if num_peaked == 0 or num_peaked < _PEAKED_SHARE * len(probs):  # mostly flat rows
         return _keep_nucleus(probs, masses)
-    values = ops.topk_blocks(probs, _PEAKED_PREFIX)[0]  # [R, m], decreasing
+    values, ids = ops.topk_blocks(probs, _PEAKED_PREFIX)  # [R, m] each, decreasing
     valid = torch.full(counts.shape, _PEAKED_PREFIX, device=probs.device)  # [R]
     band = _fixed_total_band(probs, sums, width)  # the row totals, from the same sums
-    return _top_p_with_fallback(probs, counts, masses, values, valid, nucleus=True, band=band)
+    ids = ids if by_ids else None
+    return _top_p_with_fallback(
+        probs, counts, masses, values, valid, nucleus=True, band=band, ids=ids
+    )
 
 
 #: The radix keys of :func:`_nucleus_candidates`, per dtype: the signed integer of the same width
@@ -790,7 +889,7 @@ def _keep_nucleus(probs: torch.Tensor, masses: torch.Tensor) -> _Kept:
     scaled_buffer = torch.empty(step, vocab_size, dtype=probs.dtype, device=probs.device)
     chosen_buffer = torch.empty(step, vocab_size, dtype=torch.bool, device=probs.device)
     scale = 2.0 ** _fixed_shift(vocab_size)
-    counts, flats, aboves, thresholds = [], [], [], []
+    counts, flats, aboves, thresholds, totals = [], [], [], [], []
     for start in range(0, num_rows, step):
         chunk = probs[start : start + step]  # [c, V]
         size = len(chunk)
@@ -816,6 +915,7 @@ def _keep_nucleus(probs: torch.Tensor, masses: torch.Tensor) -> _Kept:
         above = total[:, 0] - below.gather(-1, boundary.clamp(min=0)[:, None])[:, 0]  # [c]
         aboves.append(above)  # the mass of the keys above the boundary
         thresholds.append(threshold)
+        totals.append(total[:, 0])
         chosen = torch.eq(narrow, boundary.to(int_dtype)[:, None], out=chosen_buffer[:size])
         where = chosen.nonzero()  # [n, 2], row-major: each row's boundary tokens in token order
         counts.append(torch.bincount(where[:, 0], minlength=size))  # (a bool sum costs more)
@@ -826,19 +926,23 @@ def _keep_nucleus(probs: torch.Tensor, masses: torch.Tensor) -> _Kept:
     table = torch.full((num_rows, width), -1.0, dtype=probs.dtype, device=probs.device)
     table = table.masked_scatter_(slots, torch.cat(flats)).sort(-1, descending=True).values
     units = _fixed(table.clamp(min=0), vocab_size)  # [R, w]: padding (-1, last) counts 0
-    mass_before = torch.cat(aboves)[:, None] + units.cumsum(-1) - units  # [R, w]
+    cumulative = torch.cat(aboves)[:, None] + units.cumsum(-1)  # [R, w]
+    mass_before = cumulative - units  # [R, w]
     num_kept = (slots & (mass_before < torch.cat(thresholds)[:, None])).sum(-1)  # [R]
     last_value = table.gather(-1, (num_kept - 1).clamp(min=0)[:, None])  # [R, 1]
     last_value = torch.where(valid[:, None] == 0, -1.0, last_value)  # top-p off: keep all
+    mass = cumulative.gather(-1, (num_kept - 1).clamp(min=0)[:, None])[:, 0]  # [R]: kept
+    mass = torch.where(valid == 0, torch.cat(totals), mass)  # top-p off: the row's total
     room = num_kept - (table > last_value).sum(-1)  # [R]: the tokens equal to v that are kept
     cut = (valid > 0) & (room < (table == last_value).sum(-1))  # [R]
     rows = cut.nonzero()[:, 0].tolist()  # the host read: rows whose tie group at v is cut
     if not rows:
-        return _Kept(last_value)
+        return _Kept(last_value, mass=mass)
     index = torch.tensor(rows, device=probs.device)  # [U]
     part = probs[index]  # [U, V]
     counts_kept = (part > last_value[index]).sum(-1) + room[index]  # [U]
-    return _Kept(last_value, index, _top_k_from_kth(part, counts_kept, last_value[index]))
+    masks = _top_k_from_kth(part, counts_kept, last_value[index])  # [U, V]
+    return _Kept(last_value, index, masks, mass=mass)
 
 
 def _prefix_size(vocab_size: int) -> int:
@@ -854,12 +958,14 @@ def _top_p_prefix(
     values: torch.Tensor,
     valid: torch.Tensor,
     band: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     r"""Top-k then top-p from the first ranks of every row of ``probs [R, V]``.
 
     ``values [R, m]`` holds, decreasing, the first ``valid [R]`` values of each row's stable
     ranking (a partial sort: ``torch.topk``, or :func:`_nucleus_candidates`), then zeros. Returns
-    ``(last_value [R, 1], num_kept [R], decided [R], partial [R])``.
+    ``(last_value [R, 1], num_kept [R], decided [R], partial [R], kept_mass)``, ``kept_mass [R]``
+    below float64 the integer mass of the ``num_kept`` first ranks (``None`` in float64; on a
+    row that keeps everything not its mass).
 
     Those first values are exact (their order among equal values is unspecified, but equal values
     are interchangeable in a cumulative sum), so the cumulative masses of those ranks are the
@@ -930,6 +1036,9 @@ def _top_p_prefix(
     keep_all = off & (counts >= vocab_size)  # [R]
     decided = keep_all | (settled & is_prefix & beyond & known)  # [R]
     num_kept = keep_rank.sum(-1).clamp(1, m)  # [R]
+    kept_mass = None  # [R] below float64: the kept ranks' integer mass (keep-all rows: not it)
+    if probs.dtype != torch.float64:
+        kept_mass = cumulative.gather(-1, (num_kept - 1)[:, None])[:, 0]
     last_value = values.gather(-1, (num_kept - 1)[:, None])  # [R, 1]
     last_value = torch.where(keep_all[:, None], -1.0, last_value)  # [R, 1]
     num_kept = torch.where(keep_all, vocab_size, num_kept)  # [R]
@@ -938,7 +1047,7 @@ def _top_p_prefix(
     end = values.gather(-1, (valid.clamp(1, m) - 1)[:, None])  # [R, 1]: the last exact rank
     reaches_end = (end == last_value)[:, 0] & (valid < vocab_size)  # [R]
     partial = ~keep_all & ((num_kept - above < tied) | reaches_end)  # [R]
-    return last_value, num_kept, decided, partial
+    return last_value, num_kept, decided, partial, kept_mass
 
 
 def _row_sum(values: torch.Tensor) -> torch.Tensor:

@@ -470,6 +470,104 @@ def test_float32_top_p_keeps_the_integer_mass_nucleus(vocab_size):
         assert np.array_equal(full_sort(x, 1.0, None, top_p).numpy() > 0, expected)
 
 
+def mass_divided(probs: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """The documented float32 values of a top-p row, spelled out independently: each kept
+    probability divided, in float32, by float32(M 2**-s), M the kept tokens' integer mass
+    (floor(p 2**s), s = 62 - bit_length(V), in Python integers), every other token 0."""
+    shift = 62 - len(probs).bit_length()
+    mass = sum(math.floor(float(p) * 2**shift) for p in probs[keep])
+    divisor = np.float32(mass * 2.0**-shift)  # exact in float64 (mass < 2**53), rounded once
+    return np.where(keep, probs / divisor, np.float32(0)).astype(np.float32)
+
+
+def mixed_top_p_rows(vocab_size: int, seed: int) -> torch.Tensor:
+    """Float32 logits: peaked rows (nuclei of a few tokens), a flat one, ties at the boundary."""
+    rng = np.random.default_rng([vocab_size, seed])
+    rows = [rng.normal(size=vocab_size) * 8 for _ in range(5)]
+    rows += [rng.normal(size=vocab_size) * 3, rng.integers(0, 3, vocab_size) * 6.0]
+    rows += [np.where(np.arange(vocab_size) < 3, 10.0, rng.normal(size=vocab_size))]  # 3 tied
+    return torch.tensor(np.stack(rows), dtype=torch.float32)
+
+
+@pytest.mark.parametrize("vocab_size", [300, 5000, 40_000])
+def test_float32_top_p_values_are_divided_by_the_kept_integer_mass(vocab_size, monkeypatch):
+    """Below float64 the kept probabilities are divided by the kept integer mass (a function of
+    the kept set alone): every route (radix select, peaked rows' partial sort writing the kept
+    tokens by id, with undecided rows masked, the threshold pass, the full sort) gives the
+    independently spelled-out values bit for bit, per-row top_p with top-p off on some rows
+    included."""
+    monkeypatch.setattr(processing, "_PEAKED_PREFIX", 8)  # some peaked rows left undecided
+    x = mixed_top_p_rows(vocab_size, seed=1)
+    probs = torch.softmax(x, -1).numpy()
+    off = [0.9, None, 0.5, 0.9, 1.0, 0.9, 0.7, 0.95]
+    for top_p in [0.9, 0.5, off]:
+        row_p = top_p if isinstance(top_p, list) else [top_p] * len(x)
+        expected = np.stack(
+            [
+                mass_divided(row, integer_nucleus(row, p) if p not in (None, 1.0) else row >= 0)
+                for row, p in zip(probs, row_p, strict=True)
+            ]
+        )  # top-p off (None, 1.0): every token kept, divided by the row's integer total
+        for masked_share in [processing._MASKED_SHARE, 1.0, -1.0]:  # by ids where it may
+            monkeypatch.setattr(processing, "_MASKED_SHARE", masked_share)
+            for got in [process(x, 1.0, None, top_p), process(x, 1.0, None, top_p, validate=False)]:
+                assert np.array_equal(got.numpy(), expected), (top_p, masked_share)
+        assert np.array_equal(full_sort(x, 1.0, None, top_p).numpy(), expected), top_p
+
+
+class ZeroingSpy:
+    """Records, for each ``_zero_dropped`` call, whether it wrote the kept tokens by id and how
+    many rows were masked."""
+
+    def __init__(self, monkeypatch):
+        self.calls = []
+        self.original = original = processing._zero_dropped
+
+        def spied(probs, kept):
+            masked = 0 if kept.index is None else len(kept.index)
+            self.calls.append((kept.ids is not None, masked))
+            return original(probs, kept)
+
+        monkeypatch.setattr(processing, "_zero_dropped", spied)
+
+
+def test_top_p_peaked_rows_by_ids_equal_the_threshold_pass(monkeypatch):
+    """Peaked rows decided by the partial sort are written by id into a zero table, the rows it
+    leaves to the radix select masked first and written back: the same table bit for bit as the
+    threshold pass. A mutant that forgets to write the masked rows back is caught."""
+    monkeypatch.setattr(processing, "_PEAKED_PREFIX", 8)
+    monkeypatch.setattr(processing, "_MASKED_SHARE", 1.0)
+    x = mixed_top_p_rows(5000, seed=2)
+    spy = ZeroingSpy(monkeypatch)
+    by_ids = process(x, 1.0, None, 0.9)
+    assert spy.calls == [(True, spy.calls[0][1])] and spy.calls[0][1] > 0  # ids, some masked
+    monkeypatch.setattr(processing, "_MASKED_SHARE", -1.0)  # never by ids
+    spy.calls.clear()
+    assert torch.equal(process(x, 1.0, None, 0.9), by_ids)
+    assert spy.calls[0][0] is False
+    assert torch.equal(process(x, 1.0, None, 0.9, validate=False), by_ids)  # threshold pass
+    monkeypatch.setattr(processing, "_MASKED_SHARE", 1.0)
+    forgetful = mutated(spy.original, ("probs[kept.index] = masked", "pass"))
+    monkeypatch.setattr(processing, "_zero_dropped", forgetful)
+    assert not torch.equal(process(x, 1.0, None, 0.9), by_ids)
+
+
+@pytest.mark.parametrize("vocab_size", [5000, 151_936])
+def test_float32_top_p_is_row_local_bit_for_bit(vocab_size):
+    """A row's float32 top-p probabilities are the same bit for bit processed alone or in its
+    table (kept set and divisor are functions of the row alone), on whichever route each call
+    takes: peaked tables, flat rows, one long row histogrammed in pieces, per-row top_p."""
+    x = mixed_top_p_rows(vocab_size, seed=3)
+    for top_p in [0.9, [0.9, 0.5, 0.9, 0.99, 0.3, 0.9, 0.8, 0.9]]:
+        table = process(x, 0.8, None, top_p)
+        per_row = top_p if isinstance(top_p, list) else [top_p] * len(x)
+        for row in range(len(x)):
+            alone = process(x[row : row + 1], 0.8, None, per_row[row : row + 1])
+            assert torch.equal(alone[0], table[row]), (top_p, row)
+            pair = process(x[row : row + 2], 0.8, None, per_row[row : row + 2])
+            assert torch.equal(pair[0], table[row]), (top_p, row)
+
+
 def test_radix_select_splits_few_long_rows_into_pieces_exactly():
     """A chunk of one or two long rows is histogrammed in pieces (the CPU's threads scatter
     row by row): the kept sets still equal the integer-mass rule's, ties and all."""
@@ -595,12 +693,12 @@ def one_more_mutant():
     original = processing._top_p_prefix
 
     def prefix(probs, counts, masses, values, valid, band=None):
-        last_value, num_kept, decided, partial = original(
+        last_value, num_kept, decided, partial, mass = original(
             probs, counts, masses, values, valid, band
         )
         more = torch.minimum(num_kept + 1, valid.clamp(min=1))
         last_value = torch.where(last_value < 0, last_value, values.gather(-1, more[:, None] - 1))
-        return last_value, more, decided, torch.ones_like(partial)
+        return last_value, more, decided, torch.ones_like(partial), mass
 
     nucleus = mutated(
         processing._keep_nucleus,
