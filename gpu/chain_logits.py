@@ -1,16 +1,19 @@
 r"""Chain verification from logits: :func:`verify_chain_logits`.
 
-``verify_chain_logits(scheme, tokens, target_logits, draft_logits, temperature=T)`` returns
-the tokens of ``verify_chain(scheme, tokens, process(target_logits, T), process(draft_logits,
-T))`` -- the same verdicts, the same noise drawn from the same generator. What it saves is the
+``verify_chain_logits(scheme, tokens, target_logits, draft_logits, temperature=T, top_p=P)``
+returns the tokens of ``verify_chain(scheme, tokens, process(target_logits, T, top_p=P),
+process(draft_logits, T, top_p=P))`` -- the same verdicts, the same noise drawn from the same
+generator. What it saves is the
 processing of rows the verifier never reads. A chain's standard rule reads
 :math:`p_i(x_i), q_i(x_i)` only up to the first rejected draft, and whole rows only there (the
 residual :math:`(p_k - q_k)_+`) or at the bonus row: with ``k`` drafts accepted it reads
 ``k + 1`` rows of each table, not ``γ + 1`` and ``γ``. ``ssg.process`` is row-local (each
 row's probabilities depend on that row's logits alone, computed by the same kernel whatever the
-table around it; tested bit for bit), so a row formed on first read holds the values the whole
-table would. At one or two sequences on the CPU (outside ``torch.compile``, validation off, a
-temperature given as a number, the schemes whose chains take the standard rule -- ``standard``,
+table around it, and with top-p the kept set by integer masses and the divisor by the kept
+integer mass, both functions of the row alone; tested bit for bit), so a row formed on first
+read holds the values the whole table would. At one or two sequences on the CPU (outside
+``torch.compile``, validation off, a temperature given as a number, top-p off or a number, the
+schemes whose chains take the standard rule -- ``standard``,
 ``specinfer``, ``rsd``, ``spectr``, ``resispec``, ``spechub``, ``ot_optimal``, ``ot_binned``,
 ``khisti`` -- ``greedy``, which reads the same rows, and ``nss``, which reads target rows
 alone) the walk forms rows as it reads them;
@@ -74,10 +77,12 @@ class _RowsOnRead:
         target_logits: torch.Tensor,
         draft_logits: torch.Tensor,
         temperature: float,
+        top_p: float | None = None,
     ) -> None:
         self.logits = (target_logits, draft_logits)  # [R, V] each, flat rows
         self.lanes = (gamma + 1, gamma)  # lanes per sequence in each table
         self.temperature = temperature
+        self.top_p = top_p
         self.chunks: dict[tuple[int, int], torch.Tensor] = {}
 
     @property
@@ -96,7 +101,9 @@ class _RowsOnRead:
         if key not in self.chunks:
             stop = base * lanes + min(first + size, lanes)  # [start, stop): the chunk's rows
             logits = self.logits[table][start:stop]  # [n, V]
-            self.chunks[key] = process(logits, temperature=self.temperature, validate=False)
+            self.chunks[key] = process(
+                logits, temperature=self.temperature, top_p=self.top_p, validate=False
+            )
         return self.chunks[key][flat - start : flat - start + 1]  # [1, V]
 
 
@@ -176,15 +183,16 @@ def verify_chain_logits(
     noise: Noise | None = None,
     *,
     temperature: Any = 1.0,
+    top_p: Any = None,
     generator: torch.Generator | None = None,
     validate: bool = True,
     num_draft_tokens: Any = None,
     dtype: torch.dtype | None = None,
 ) -> Verified:
     """Verify a batch of drafted chains from logits: the verdicts of
-    ``verify_chain(scheme, draft_tokens, process(target_logits, temperature),
-    process(draft_logits, temperature), noise, ...)``, forming only the probability rows the
-    walk reads where it walks on the host (see the module docstring).
+    ``verify_chain(scheme, draft_tokens, process(target_logits, temperature, top_p=top_p),
+    process(draft_logits, temperature, top_p=top_p), noise, ...)``, forming only the
+    probability rows the walk reads where it walks on the host (see the module docstring).
 
     Parameters
     ----------
@@ -201,6 +209,11 @@ def verify_chain_logits(
         must broadcast to both: one per sequence). A positive finite real number (Python or
         numpy) lets the host walk form rows on read; ``0`` (greedy rows) and tensors take the
         whole-table route.
+    top_p : number or None, or per-sequence values of shape (B, 1)
+        As :func:`~specsampling.gpu.processing.process`, for both tables (default ``None``:
+        off). A real number in ``(0, 1]`` (or ``None``) lets the host walk form rows on read
+        (top-p is row-local below float64 too: each row divided by its kept integer mass);
+        tensors and sequences take the whole-table route.
 
     Returns
     -------
@@ -224,7 +237,15 @@ def verify_chain_logits(
     [[0, -1]]
     """
     engine = _walk_engine(
-        scheme, draft_tokens, target_logits, draft_logits, noise, temperature, validate, dtype
+        scheme,
+        draft_tokens,
+        target_logits,
+        draft_logits,
+        noise,
+        temperature,
+        top_p,
+        validate,
+        dtype,
     )
     if engine is not None:
         return _walk_on_read(
@@ -236,12 +257,13 @@ def verify_chain_logits(
             float(temperature),
             generator,
             num_draft_tokens,
+            None if top_p is None else float(top_p),
         )[0]
     return verify_chain(
         scheme,
         draft_tokens,
-        process(target_logits, temperature=temperature, validate=validate),
-        process(draft_logits, temperature=temperature, validate=validate),
+        process(target_logits, temperature=temperature, top_p=top_p, validate=validate),
+        process(draft_logits, temperature=temperature, top_p=top_p, validate=validate),
         noise,
         generator=generator,
         validate=validate,
@@ -257,16 +279,17 @@ def _walk_engine(
     draft_logits: Any,
     noise: Any,
     temperature: Any,
+    top_p: Any,
     validate: bool,
     dtype: torch.dtype | None,
 ) -> Any:
     """The engine :func:`verify_chain_logits` walks on rows formed on read, or ``None`` where
-    it processes the whole tables. It walks with validation off, one
-    or two rows of well-formed CPU tensors of one float dtype outside ``torch.compile`` (the
-    noise too, if given: ``[B, γ + 1]`` each), a positive finite number for the temperature,
-    a scheme whose chain engine has a walk on read (the standard rule's, greedy's, nss's).
-    Anything else takes the whole-table route, which raises what ``process`` and
-    ``verify_chain`` raise."""
+    it processes the whole tables. It walks with validation off, one or two rows of
+    well-formed CPU tensors of one float dtype outside ``torch.compile`` (the noise too, if
+    given: ``[B, γ + 1]`` each), a positive finite number for the temperature, ``None`` or a
+    number in ``(0, 1]`` for ``top_p``, a scheme whose chain engine has a walk on read (the
+    standard rule's, greedy's, nss's). Anything else takes the whole-table route, which
+    raises what ``process`` and ``verify_chain`` raise."""
     if validate or not (noise is None or isinstance(noise, Noise)):
         return None
     if not all(isinstance(t, torch.Tensor) for t in (draft_tokens, target_logits, draft_logits)):
@@ -304,6 +327,10 @@ def _walk_engine(
         return None
     if not 0 < float(temperature) < float("inf"):
         return None
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, numbers.Real)):
+        return None
+    if top_p is not None and not 0 < float(top_p) <= 1:
+        return None
     try:
         lowering = tree_lowering(scheme)
     except (KeyError, TypeError, ValueError, UnsupportedShape):
@@ -322,10 +349,11 @@ def rows_on_read(
     temperature: float,
     generator: torch.Generator | None = None,
     num_draft_tokens: Any = None,
+    top_p: float | None = None,
 ) -> tuple[Verified, int]:
     """``(verdicts, rows processed)`` of the host walk on rows formed on read, as
-    :func:`verify_chain` with ``validate=False`` (one stop round; the same noise from the same
-    generator)."""
+    :func:`verify_chain` with ``validate=False`` on the tables processed with ``temperature``
+    and ``top_p`` (one stop round; the same noise from the same generator)."""
     engine = _chain_engine(tree_lowering(scheme))
     return _walk_on_read(
         engine,
@@ -336,6 +364,7 @@ def rows_on_read(
         temperature,
         generator,
         num_draft_tokens,
+        top_p,
     )
 
 
@@ -348,6 +377,7 @@ def _walk_on_read(
     temperature: float,
     generator: torch.Generator | None,
     num_draft_tokens: Any,
+    top_p: float | None = None,
 ) -> tuple[Verified, int]:
     """:func:`rows_on_read` on ``engine`` (one of :data:`_ON_READ`'s)."""
     draft_tokens = draft_tokens.to(torch.long)
@@ -362,6 +392,7 @@ def _walk_on_read(
         target_logits.reshape(batch_size * (gamma + 1), vocab),  # flat rows, views
         draft_logits.reshape(batch_size * gamma, vocab),
         temperature,
+        top_p,
     )
     if isinstance(engine, NSSChain):  # the chain's shape; the walk reads rows through on_read
         verified = on_read.host_run(

@@ -80,19 +80,19 @@ How each step is computed:
   float64 a host-known largest ``k < V`` takes the top-k route above (its sync-free threshold
   rule); anything else with top-p takes the full stable sort of every row (the same tokens as
   above, bit for bit, only slower).
-* **Zeroing and the divisor.** Below float64, on the routes over the whole rows' softmax (all
-  but the top-k route above, which divides by its own ``Z``), each row's kept probabilities
-  are divided by its kept **integer mass** times :math:`2^{-s}` (the dtype rule's units, rounded once to float32:
-  :func:`_kept_divisor`), which every route knows from its own integer sums; it is a function
-  of the kept set alone, so a row's values are the same bit for bit on every route, in any
-  batch and on any device (row-local: a row processed alone equals its row of the table), and
+* **Zeroing and the divisor.** Below float64, on the routes over the whole rows' softmax (all but
+  the top-k route above, which divides by its own ``Z``), each row's kept probabilities are
+  divided by its kept **integer mass** times :math:`2^{-s}` (the dtype rule's units, rounded once
+  to float32: :func:`_kept_divisor`), which every route knows from its own integer sums; it is a
+  function of the kept set alone, so a row's values are the same bit for bit on every route, in
+  any batch and on any device (row-local: a row processed alone equals its row of the table), and
   it is the kept mass to within ``V`` units of :math:`2^{-s}`, closer than a float32 sum. The
   dropped tokens are zeroed in place, ``p / d * (p >= v)`` chunk by chunk of rows through one
   reused buffer (``v`` the last kept value, ``d`` the divisor), then the rows cut inside a tie
-  group by their own masks; where the partial sort decides the rows of a checked table (all but
-  an eighth at most, :data:`_MASKED_SHARE`), the table is zeroed and each row's kept tokens are
-  written by id instead (the few other rows masked first), with no read of the rest of the
-  rows. Float64 divides by the row sums added in numpy's order, as the reference.
+  group by their own masks; where the partial sort decides the rows of a checked table (all but an
+  eighth at most, :data:`_MASKED_SHARE`), the table is zeroed and each row's kept tokens are
+  written by id instead (the few other rows masked first), with no read of the rest of the rows.
+  Float64 divides by the row sums added in numpy's order, as the reference.
 
 In float64 on CPU a row comes out bit for bit equal to the reference whenever torch's ``exp``
 rounds like numpy's (99% of the test grid's rows; the two ``exp`` differ by one ulp on about 5%

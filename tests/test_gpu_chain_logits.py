@@ -30,7 +30,15 @@ STANDARD_FAMILY = [
 ]
 
 
-def round_inputs(seed: int, batch: int, gamma: int, vocab: int, dtype: torch.dtype, temp: float):
+def round_inputs(
+    seed: int,
+    batch: int,
+    gamma: int,
+    vocab: int,
+    dtype: torch.dtype,
+    temp: float,
+    top_p: float | None = None,
+):
     """Correlated logits, tokens drawn from the processed draft, some ``-inf`` columns."""
     generator = torch.Generator().manual_seed(seed)
     scale = (0.5, 3.0, 10.0)[seed % 3]
@@ -41,7 +49,8 @@ def round_inputs(seed: int, batch: int, gamma: int, vocab: int, dtype: torch.dty
     if seed % 5 == 0:
         target[..., : vocab // 3] = -float("inf")
         draft[..., : vocab // 3] = -float("inf")
-    probs = ssg.process(draft, temperature=temp, validate=False).reshape(-1, vocab).float()
+    probs = ssg.process(draft, temperature=temp, top_p=top_p, validate=False)
+    probs = probs.reshape(-1, vocab).float()
     tokens = torch.multinomial(probs, 1, generator=generator).view(batch, gamma)
     if seed % 4 == 1:  # a point-mass draft row on lane 0 (greedy's covering lane)
         point = torch.full_like(draft[:, 0], -float("inf"))
@@ -63,15 +72,16 @@ def test_rows_on_read_give_verify_chain_verdicts(dtype: torch.dtype) -> None:
     processed tables, bit for bit, for every scheme of the standard family (resispec's shaped
     test included), greedy (point-mass draft rows included: its covering lanes) and nss: one
     and two rows, 1-8 drafts, ragged lengths, vocabularies from 2 to 40,000, temperatures
-    0.05-2, given noise and noise drawn from a generator. It processes only the chunks of rows
-    holding the lanes it reads (counted; nss reads no draft row)."""
+    0.05-2, top-p off or 0.3-1, given noise and noise drawn from a generator. It processes only
+    the chunks of rows holding the lanes it reads (counted; nss reads no draft row)."""
     checked = 0
     for seed in range(160):
         rng = random.Random(seed)
         batch, gamma = rng.choice([1, 2]), rng.randint(1, 8)
         vocab = rng.choice([2, 3, 127, 129, 1000, 40_000])
         temp = rng.choice([1.0, 0.7, 1.3, 0.05, 2.0])
-        target, draft, tokens = round_inputs(seed, batch, gamma, vocab, dtype, temp)
+        top_p = rng.choice([None, None, 0.9, 0.5, 0.3, 0.99, 1.0])
+        target, draft, tokens = round_inputs(seed, batch, gamma, vocab, dtype, temp, top_p)
         lengths = torch.randint(0, gamma + 1, (batch,)) if seed % 3 == 0 else None
         name = STANDARD_FAMILY[seed % len(STANDARD_FAMILY)]
         given = seed % 2 == 0
@@ -82,7 +92,7 @@ def test_rows_on_read_give_verify_chain_verdicts(dtype: torch.dtype) -> None:
 
         use = noise if given else None
         walked, formed = L.rows_on_read(
-            name, tokens, target, draft, use, temp, generator(), lengths
+            name, tokens, target, draft, use, temp, generator(), lengths, top_p
         )
         public = ssg.verify_chain_logits(
             name,
@@ -91,6 +101,7 @@ def test_rows_on_read_give_verify_chain_verdicts(dtype: torch.dtype) -> None:
             draft,
             use,
             temperature=temp,
+            top_p=top_p,
             generator=generator(),
             validate=False,
             num_draft_tokens=lengths,
@@ -98,8 +109,8 @@ def test_rows_on_read_give_verify_chain_verdicts(dtype: torch.dtype) -> None:
         expected = ssg.verify_chain(
             name,
             tokens,
-            ssg.process(target, temperature=temp, validate=False),
-            ssg.process(draft, temperature=temp, validate=False),
+            ssg.process(target, temperature=temp, top_p=top_p, validate=False),
+            ssg.process(draft, temperature=temp, top_p=top_p, validate=False),
             use,
             generator=generator(),
             validate=False,
@@ -138,16 +149,19 @@ def test_a_first_draft_rejected_forms_two_rows_of_each_table() -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_process_is_row_local(dtype: torch.dtype) -> None:
     """The premise of rows formed on read: ``ssg.process`` of a few rows gives the rows of the
-    whole table's result bit for bit (temperatures below, at and above 1; odd vocabularies)."""
+    whole table's result bit for bit (temperatures below, at and above 1; top-p off and on;
+    odd vocabularies)."""
     generator = torch.Generator().manual_seed(2)
     for vocab in (3, 129, 32_000, 151_936):
         logits = 4 * torch.randn(2, 9, vocab, generator=generator, dtype=dtype)
+        logits[1] *= 3  # peaked rows: top-p's partial sort where a call's rows are mostly these
         flat = logits.reshape(18, vocab)
-        for temp in (0.3, 1.0, 1.7):
-            whole = ssg.process(logits, temperature=temp, validate=False).reshape(18, vocab)
-            for start, stop in ((0, 1), (1, 3), (3, 7), (9, 18), (17, 18)):
-                part = ssg.process(flat[start:stop], temperature=temp, validate=False)
-                assert torch.equal(part, whole[start:stop]), (vocab, temp, start)
+        for temp, top_p in ((0.3, None), (1.0, None), (1.7, None), (1.0, 0.9), (0.7, 0.5)):
+            whole = ssg.process(logits, temperature=temp, top_p=top_p, validate=False)
+            whole = whole.reshape(18, vocab)
+            for start, stop in ((0, 1), (1, 3), (3, 7), (9, 18), (17, 18), (8, 10)):
+                part = ssg.process(flat[start:stop], temperature=temp, top_p=top_p, validate=False)
+                assert torch.equal(part, whole[start:stop]), (vocab, temp, top_p, start)
 
 
 def test_other_routes_process_the_whole_tables(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -158,7 +172,7 @@ def test_other_routes_process_the_whole_tables(monkeypatch: pytest.MonkeyPatch) 
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("the walk on read was taken")
 
-    monkeypatch.setattr(L, "rows_on_read", refuse)
+    monkeypatch.setattr(L, "_walk_on_read", refuse)
     target, draft, tokens = round_inputs(3, 3, 4, 300, torch.float32, 1.0)
     per_row = torch.tensor([[0.8], [1.0], [1.6]])  # one per sequence: both tables' rows
     cases = [
@@ -183,6 +197,26 @@ def test_other_routes_process_the_whole_tables(monkeypatch: pytest.MonkeyPatch) 
             validate=validate,
         )
         assert torch.equal(got.tokens, expected.tokens), name
+    # top-p per sequence (a tensor or a sequence) or on a block engine: the whole tables too
+    per_sequence = torch.tensor([[0.9], [0.5], [1.0]])
+    for name, rows, top_p in [
+        ("standard", slice(0, 1), torch.tensor([[0.9]])),
+        ("standard", slice(0, 3), per_sequence),
+        ("standard", slice(0, 1), [[0.8]]),
+        ("block", slice(0, 1), 0.9),
+    ]:
+        x, t, d = tokens[rows], target[rows], draft[rows]
+        noise = ssg.chain.chain_noise(x.shape[0], x.shape[1], torch.Generator().manual_seed(6))
+        got = ssg.verify_chain_logits(name, x, t, d, noise, top_p=top_p, validate=False)
+        expected = ssg.verify_chain(
+            name,
+            x,
+            ssg.process(t, top_p=top_p, validate=False),
+            ssg.process(d, top_p=top_p, validate=False),
+            noise,
+            validate=False,
+        )
+        assert torch.equal(got.tokens, expected.tokens), (name, top_p)
 
 
 def test_bad_input_is_refused_naming_the_argument() -> None:
@@ -200,6 +234,9 @@ def test_bad_input_is_refused_naming_the_argument() -> None:
         ssg.verify_chain_logits("standard", tokens, nan, draft)
     with pytest.raises(TypeError, match="noise"):
         ssg.verify_chain_logits("standard", tokens, target, draft, noise=0.5, validate=False)
+    for top_p in (1.5, 0.0, True, "0.9", float("nan")):  # the whole-table route refuses them
+        with pytest.raises(ValueError, match="top_p"):
+            ssg.verify_chain_logits("standard", tokens, target, draft, top_p=top_p, validate=False)
 
 
 def test_fast_path_inputs_of_other_kinds_match_the_whole_tables() -> None:
