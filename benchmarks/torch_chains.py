@@ -41,6 +41,7 @@ half the CPU count measures contention).
 
 from __future__ import annotations
 
+import inspect
 import os
 import time
 from pathlib import Path
@@ -63,6 +64,9 @@ import specsampling.gpu as ssg
 
 #: The schemes with a chain fast path (gathered tests, O(1) rows per sequence).
 FAST = ("standard", "specinfer", "rsd", "nss", "block", "traversal")
+
+#: The top-p of the B <= 2 line that processes both tables with it (eager and from logits).
+TOP_P = 0.9
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -134,6 +138,7 @@ def measure(
         "process_out": processed_into,
     }
     hf_emitted = None
+    top_p_emitted = float("nan")
     if speculative_sampling is not None:
 
         def hf_loop():
@@ -180,6 +185,47 @@ def measure(
 
         fns["accepted:full"] = all_eager
         fns["accepted:logits"] = all_logits
+        if "top_p" in inspect.signature(from_logits).parameters:
+            # top-p 0.9 on both tables, the tokens drawn from the draft's top-p distribution
+            top_p_draft = ssg.process(
+                draft_logits, temperature=temperature, top_p=TOP_P, validate=False
+            ).reshape(-1, vocab_size)
+            top_p_tokens = torch.multinomial(
+                top_p_draft, 1, generator=torch.Generator().manual_seed(seed)
+            ).view(batch_size, gamma)
+            top_p_generator = torch.Generator().manual_seed(seed)
+
+            def top_p_eager():
+                target = ssg.process(
+                    target_logits, temperature=temperature, top_p=TOP_P, validate=False
+                )
+                draft = ssg.process(
+                    draft_logits, temperature=temperature, top_p=TOP_P, validate=False
+                )
+                return ssg.verify_chain(
+                    "standard",
+                    top_p_tokens,
+                    target,
+                    draft,
+                    generator=top_p_generator,
+                    validate=False,
+                )
+
+            def top_p_logits():
+                return from_logits(
+                    "standard",
+                    top_p_tokens,
+                    target_logits,
+                    draft_logits,
+                    temperature=temperature,
+                    top_p=TOP_P,
+                    generator=top_p_generator,
+                    validate=False,
+                )
+
+            fns["top_p:full"] = top_p_eager
+            fns["top_p:logits"] = top_p_logits
+            top_p_emitted = float(top_p_eager().num_emitted.double().mean())
     noise = ssg.chain.chain_noise(batch_size, gamma, torch.Generator().manual_seed(seed))
     target64, draft64 = target_probs.double(), draft_probs.double()
     compile_notes = {}
@@ -274,6 +320,7 @@ def measure(
         )
     refs = dict(best)
     refs["hf_emitted"] = hf_emitted if hf_emitted is not None else float("nan")
+    refs["top_p_emitted"] = top_p_emitted
     return rows, refs, skipped
 
 
@@ -325,6 +372,15 @@ def reference_lines(refs: dict[str, float], batch_size: int) -> str:
             "target's, so `verify_chain_logits` processes every row): process + verify "
             f"{sig(eager * 1e3)} ms ({sig(eager / refs['exp'], 2)}x the exp floor), "
             f"`verify_chain_logits` {sig(lazy * 1e3)} ms ({sig(lazy / refs['exp'], 2)}x)"
+        )
+    if "top_p:full" in refs:
+        eager, lazy = refs["top_p:full"], refs["top_p:logits"]
+        lines.append(
+            f"- `standard` with top-p {TOP_P} on both tables (the tokens drawn from the draft's "
+            f"top-p distribution; {refs['top_p_emitted']:.2f} tokens emitted per row): "
+            f"`ssg.process(..., top_p={TOP_P})` + verify {sig(eager * 1e3)} ms "
+            f"({sig(eager / refs['exp'], 2)}x the exp floor), `verify_chain_logits(..., "
+            f"top_p={TOP_P})` {sig(lazy * 1e3)} ms ({sig(lazy / refs['exp'], 2)}x)"
         )
     return "\n".join(lines)
 

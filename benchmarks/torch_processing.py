@@ -16,11 +16,12 @@ sort of the first 64 ranks where most rows are peaked, else, and for the rows it
 radix select; top-k, with or without top-p, from the logits: the k + 1 largest by block maxima,
 top-p counted inside the top-k set) and with ``validate=False`` (the value checks skipped; on the
 CPU, where host reads cost no synchronisation, the same routes), and ``torch.softmax`` of the same
-table, the floor (``process`` cannot avoid one softmax pass). All contenders take turns within each
-repeat (``common.interleaved_median``: the median of each). Goal: process / softmax <= 1.3x. Each
-size runs twice: the benchmark's rows, then the logits scaled by 2 (peaked rows, nuclei of tens of
-tokens, as a language model's usually are). The ratios are the claim; absolute times depend on the
-CPU and its load (printed).
+table, the floor (``process`` cannot avoid one softmax pass), and Hugging Face's logits warpers
+then ``torch.softmax`` (the peer, where transformers is installed). All contenders take turns
+within each repeat (``common.interleaved_median``: the median of each). Goal: process / softmax
+<= 1.3x. Each size runs twice: the benchmark's rows, then the logits scaled by 2 (peaked rows,
+nuclei of tens of tokens, as a language model's usually are). The ratios are the claim; absolute
+times depend on the CPU and its load (printed).
 """
 
 from __future__ import annotations
@@ -73,7 +74,29 @@ HEADER = [
     "torch.softmax (ms)",
     "process / softmax",
     "validate=False / softmax",
+    "HF warpers + softmax (ms)",
+    "HF / process",
 ]
+
+
+def hf_warpers(kwargs: dict):
+    """Hugging Face's logits warpers for ``kwargs`` (temperature, top-k, top-p, in the order
+    its sampler applies them), or None where transformers is absent or has none (T = 0 is its
+    argmax, no warper)."""
+    try:
+        from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+    except ImportError:
+        return None
+    warpers = []
+    if "temperature" in kwargs:
+        if kwargs["temperature"] == 0:
+            return None
+        warpers.append(TemperatureLogitsWarper(kwargs["temperature"]))
+    if "top_k" in kwargs:
+        warpers.append(TopKLogitsWarper(kwargs["top_k"]))
+    if "top_p" in kwargs:
+        warpers.append(TopPLogitsWarper(kwargs["top_p"]))
+    return warpers
 
 
 def nucleus_size(logits: torch.Tensor, top_p: float = 0.9) -> int:
@@ -107,10 +130,21 @@ def measure(
         fns[f"fast:{name}"] = lambda name=name, kwargs=kwargs: call(name, **kwargs, validate=False)
         validated, unvalidated = fns[f"process:{name}"](), fns[f"fast:{name}"]()
         assert torch.equal(validated, unvalidated), name  # both routes keep the same tokens
+        warpers = hf_warpers(kwargs)
+        if warpers is not None and name != RADIX_ONLY:
+
+            def hf(warpers=warpers):
+                scores = logits
+                for warper in warpers:
+                    scores = warper(None, scores)
+                return torch.softmax(scores, -1)
+
+            fns[f"hf:{name}"] = hf
     median = interleaved_median(fns, repeats)  # seconds
     rows = []
     for name, _ in SETTINGS:
         ours, fast, floor = median[f"process:{name}"], median[f"fast:{name}"], median["softmax"]
+        hf = median.get(f"hf:{name}")
         rows.append(
             [
                 name,
@@ -119,6 +153,8 @@ def measure(
                 sig(floor * 1e3),
                 sig(ours / floor, 2) + "x",
                 sig(fast / floor, 2) + "x",
+                "—" if hf is None else sig(hf * 1e3),
+                "—" if hf is None else sig(hf / ours, 2) + "x",
             ]
         )
     return rows, nucleus_size(logits)
@@ -169,7 +205,11 @@ cost no synchronisation there; an accelerator takes the sync-free full sort for 
 a warm-up. Goal: process / softmax <= 1.3x. The last two tables repeat the first two with the
 logits scaled by {PEAKED:g} (peaked rows: nuclei of tens of tokens, where top-p alone tries a
 partial sort of the first ranks before its radix select); "radix select only" is top-p 0.9 with
-that partial sort switched off, for comparison in the same run.
+that partial sort switched off, for comparison in the same run. "HF warpers + softmax" is the
+peer's sampler on the same table, timed in the same repeats: transformers'
+`TemperatureLogitsWarper` / `TopKLogitsWarper` / `TopPLogitsWarper` (a full sort for top-p),
+then `torch.softmax`; "HF / process" is how many times longer it takes than `ssg.process`
+(T = 0 has no HF warper: its argmax).
 
 {sections}
 """

@@ -1,7 +1,8 @@
 """``benchmarks/torch_processing.py`` stays runnable: its ``--quick`` run (seconds) exits cleanly
 and writes its four tables (two sizes, each also with peaked logits), one row per setting (the
-radix-select-only ablation included), with finite ratios. No timing is asserted: speed
-claims live in the results."""
+radix-select-only ablation included), with finite ratios, and Hugging Face's warpers timed
+beside each setting it has one for. No timing is asserted: speed claims live in the
+results."""
 
 from __future__ import annotations
 
@@ -41,5 +42,10 @@ def test_quick_run_writes_the_table(tmp_path):
     ]
     assert [row[0] for row in rows] == SETTINGS * 4
     for row in rows:
+        assert len(row) == 8, row
         ratios = [float(cell.rstrip("x").replace(",", "")) for cell in row[4:6]]
         assert all(math.isfinite(ratio) and ratio > 0 for ratio in ratios), row
+        if row[0] in ("T = 0 (greedy)", "top-p 0.9, radix select only"):
+            assert row[6:] == ["—", "—"], row  # no HF warper for greedy; the ablation is ours
+        else:  # Hugging Face's warpers, then softmax, timed beside it
+            assert math.isfinite(float(row[7].rstrip("x").replace(",", ""))), row
