@@ -60,7 +60,10 @@ How each step is computed:
   lie in the first 64 ranks) on at least half of the rows, a partial sort of those ranks
   by :func:`~specsampling.gpu.ops.topk_blocks` decides the row exactly by the rules below, the
   row's integer total bounded from the same block sums (:func:`_fixed_total_band`; a rank
-  within the band's rounding of the threshold leaves the row undecided). Every other row goes to
+  within the band's rounding of the threshold leaves the row undecided). The rows it leaves
+  undecided try twice as many ranks, then four times, ... (:func:`_escalate`), while the
+  vocabulary holds 64 times as many tokens and the same bound says most of them may be decided
+  (nuclei of a hundred tokens or two cost a second small ``topk``). Every other row goes to
   a radix select, exact, with no sort of the nucleus and no fallback (:func:`_keep_nucleus`):
   each row's integer mass per float key (exponent and three mantissa bits) by one
   ``scatter_add``, the key where the mass from the top reaches the threshold, and only that
@@ -590,14 +593,16 @@ def _top_p_with_fallback(
     nucleus: bool = False,
     band: tuple[torch.Tensor, torch.Tensor] | None = None,
     ids: torch.Tensor | None = None,
+    sums: torch.Tensor | None = None,
 ) -> _Kept:
     """:func:`_top_p_prefix` on every row, then the rows it leaves undecided by the full sort,
-    or with ``nucleus`` (top-p alone below float64) by :func:`_keep_nucleus` (the kept tokens).
-    ``band``: the rows' :func:`_fixed_total_band`, if already formed. ``ids [R, m]``: the token
-    ids of ``values`` (or None); where every row is decided, none is cut inside a tie group and
-    none keeps everything, the result names each row's kept tokens by them (``_Kept.ids``). One
-    host read: the rows' flags (and, below float64, the integer totals of the rows that keep
-    everything, whose mass the prefix does not hold)."""
+    or with ``nucleus`` (top-p alone below float64) by :func:`_escalate` (more ranks, or the radix
+    select). ``band``: the rows' :func:`_fixed_total_band`, if already formed; ``sums``: their
+    :func:`_bound_block` sums, if formed (for :func:`_escalate`'s bound). ``ids [R, m]``: the
+    token ids of ``values`` (or None); where every row is decided, none is cut inside a tie
+    group and none keeps everything, the result names each row's kept tokens by them
+    (``_Kept.ids``). One host read: the rows' flags (and, below float64, the integer totals of
+    the rows that keep everything, whose mass the prefix does not hold)."""
     vocab_size = probs.shape[-1]
     last_value, num_kept, decided, partial, mass = _top_p_prefix(
         probs, counts, masses, values, valid, band
@@ -607,8 +612,9 @@ def _top_p_with_fallback(
     tied_rows = [row for row, flag in enumerate(flags[1]) if flag]
     rows = [row for row, flag in enumerate(flags[0]) if flag]
     whole_rows = [row for row, flag in enumerate(flags[2]) if flag and not flags[0][row]]
-    if nucleus and rows and len(rows) == len(probs):  # none decided: the radix select alone
-        return _keep_nucleus(probs, masses)
+    prefix = values.shape[-1]
+    if nucleus and rows and len(rows) == len(probs):  # none decided: more ranks, or the radix
+        return _escalate(probs, counts, masses, band, sums, prefix)
     if mass is not None and whole_rows:  # their mass is the row's integer total
         index = torch.tensor(whole_rows, device=probs.device)  # [U]
         mass = mass.index_copy(0, index, _fixed(probs[index], vocab_size).sum(-1))
@@ -624,9 +630,11 @@ def _top_p_with_fallback(
     if tied_rows:  # rare: the last kept value's tie group is cut; keep its lowest ids only
         index = torch.tensor(tied_rows, device=probs.device)  # [U]
         masks.append(_top_k_from_kth(probs[index], num_kept[index], last_value[index]))
-    if rows and nucleus:  # the radix select decides these: its thresholds and cut rows
+    if rows and nucleus:  # more ranks or the radix select decide these: thresholds, cut rows
         index = torch.tensor(rows, device=probs.device)  # [U]
-        kept = _keep_nucleus(probs[index], masses[index])
+        part_band = None if band is None else (band[0][index], band[1][index])
+        part_sums = None if sums is None else sums[index]
+        kept = _escalate(probs[index], counts[index], masses[index], part_band, part_sums, prefix)
         selected = kept.threshold  # [U, 1]; None: every token kept
         if selected is None:
             selected = last_value.new_full((len(rows), 1), -1.0)
@@ -668,10 +676,59 @@ _LONG_BOUND_BLOCK = 64
 _LONG_BOUND_VOCAB = 16_384
 _PEAKED_SHARE = 0.5
 
+#: Top-p alone below float64: the rows a partial sort leaves undecided are tried again with this
+#: many times its ranks while the vocabulary holds :data:`_ESCALATION_BLOCKS` times as many
+#: tokens (:func:`_escalate`), then by the radix select.
+_ESCALATION = 2
+_ESCALATION_BLOCKS = 64
+
 #: The largest share of rows a partial sort that decides the others may leave to masks (rows it
 #: does not decide, or cuts inside a tie group) and still name its kept tokens by ids
 #: (:func:`_top_p_with_fallback`): each such row costs a row copy and a mask.
 _MASKED_SHARE = 0.125
+
+
+def _escalate(
+    probs: torch.Tensor,
+    counts: torch.Tensor,
+    masses: torch.Tensor,
+    band: tuple[torch.Tensor, torch.Tensor] | None,
+    sums: torch.Tensor | None,
+    prefix: int,
+) -> _Kept:
+    """Top-p alone below float64 on rows ``probs [U, V]`` that a partial sort of ``prefix`` ranks
+    left undecided (nuclei longer than it, or a rank within the band's rounding of the
+    threshold): a partial sort of :data:`_ESCALATION` times as many ranks decides them by the
+    same exact rules (:func:`_top_p_with_fallback`, its own undecided rows escalated again)
+    where the vocabulary holds :data:`_ESCALATION_BLOCKS` times as many tokens, so that
+    :func:`~specsampling.gpu.ops.topk_blocks` still narrows the rows, and, given the rows' block
+    ``sums``, where :func:`_keep_top_p`'s bound for that many ranks reaches ``top_p`` on at
+    least :data:`_PEAKED_SHARE` of them (flat rows go on to the radix select at once); past
+    that, the radix select. A nucleus of a hundred tokens costs a second ``topk`` of a hundred
+    or two ranks, not the radix select's integer passes and histogram. ``band``: the rows'
+    :func:`_fixed_total_band`, if formed. One host read with ``sums``: the bound's count."""
+    vocab_size = probs.shape[-1]
+    size = prefix * _ESCALATION
+    if len(probs) == 0 or size * _ESCALATION_BLOCKS > vocab_size:
+        return _keep_nucleus(probs, masses)
+    if sums is not None and not _mostly_peaked(sums, masses, size):
+        return _keep_nucleus(probs, masses)
+    values = ops.topk_blocks(probs, size)[0]  # [U, size], decreasing
+    valid = torch.full(counts.shape, size, device=probs.device)  # [U]
+    return _top_p_with_fallback(
+        probs, counts, masses, values, valid, nucleus=True, band=band, sums=sums
+    )
+
+
+def _mostly_peaked(sums: torch.Tensor, masses: torch.Tensor, count: int) -> bool:
+    """Whether the rows whose :func:`_top_mass_bound` of ``count`` tokens (from their block
+    ``sums``) reaches ``top_p`` (less a margin for the rows' own rounding) are at least
+    :data:`_PEAKED_SHARE` of them, and some: then a partial sort of ``count`` ranks may decide
+    them. One host read."""
+    cap = masses.clamp(max=1.0) / (2 * count)  # [R]: half of top_p from the count
+    bound = _top_mass_bound(sums, count, cap).to(torch.float64)  # [R]
+    peaked = int((bound >= masses * (1 - 1e-3)).sum())  # top-p off (inf): never
+    return peaked > 0 and peaked >= _PEAKED_SHARE * len(sums)
 
 
 def _bound_block(vocab_size: int) -> int:
@@ -718,18 +775,14 @@ def _keep_top_p(
         return _keep_nucleus(probs, masses)
     width = _bound_block(vocab_size)
     sums = ops.block_sums(probs, width)  # [R, nb]
-    cap = masses.clamp(max=1.0) / (2 * _PEAKED_PREFIX)  # [R]: half of top_p from the count
-    bound = _top_mass_bound(sums, _PEAKED_PREFIX, cap).to(torch.float64)  # [R]
-    peaked = bound >= masses * (1 - 1e-3)  # [R]; top-p off (inf): False
-    num_peaked = int(peaked.sum())  # the host read
-    if num_peaked == 0 or num_peaked < _PEAKED_SHARE * len(probs):  # mostly flat rows
+    if not _mostly_peaked(sums, masses, _PEAKED_PREFIX):  # mostly flat rows (a host read)
         return _keep_nucleus(probs, masses)
     values, ids = ops.topk_blocks(probs, _PEAKED_PREFIX)  # [R, m] each, decreasing
     valid = torch.full(counts.shape, _PEAKED_PREFIX, device=probs.device)  # [R]
     band = _fixed_total_band(probs, sums, width)  # the row totals, from the same sums
     ids = ids if by_ids else None
     return _top_p_with_fallback(
-        probs, counts, masses, values, valid, nucleus=True, band=band, ids=ids
+        probs, counts, masses, values, valid, nucleus=True, band=band, ids=ids, sums=sums
     )
 
 

@@ -1,8 +1,8 @@
 """``benchmarks/torch_processing.py`` stays runnable: its ``--quick`` run (seconds) exits cleanly
-and writes its four tables (two sizes, each also with peaked logits), one row per setting (the
-radix-select-only ablation included), with finite ratios, and Hugging Face's warpers timed
-beside each setting it has one for. No timing is asserted: speed claims live in the
-results."""
+and writes its six tables (two sizes, each also with peaked and middle logits), one row per
+setting (the radix-select-only ablation included), with finite ratios, and Hugging Face's
+warpers timed beside each setting it has one for. No timing is asserted: speed claims live in
+the results."""
 
 from __future__ import annotations
 
@@ -35,12 +35,13 @@ def test_quick_run_writes_the_table(tmp_path):
     text = output.read_text()
     assert "## 18 rows, V = 2,000\n" in text and "## 9 rows, V = 5,000\n" in text
     assert text.count("peaked logits (2 x 3 x N(0, 1))") == 2
+    assert text.count("middle logits (1.5 x 3 x N(0, 1))") == 2
     rows = [
         [cell.strip() for cell in line.strip("|").split("|")]
         for line in text.splitlines()
         if line.startswith("| ") and not line.startswith("| setting |")
     ]
-    assert [row[0] for row in rows] == SETTINGS * 4
+    assert [row[0] for row in rows] == SETTINGS * 6
     for row in rows:
         assert len(row) == 8, row
         ratios = [float(cell.rstrip("x").replace(",", "")) for cell in row[4:6]]

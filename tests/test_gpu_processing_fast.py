@@ -384,6 +384,44 @@ def test_top_p_alone_peaked_rows_skip_the_radix_select_and_flat_rows_the_prefix(
     assert (tied[0] > 0).nonzero()[:, 0].tolist() == [5, 9]
 
 
+def test_top_p_alone_escalates_undecided_rows_before_the_radix_select(monkeypatch):
+    """Rows whose nucleus is longer than the partial sort's ranks are decided by a partial sort
+    of twice, four times, ... as many (while the vocabulary holds 64 blocks of it and the bound
+    says such rows may be decided), never reaching the radix select; flat rows in a peaked batch
+    go to the radix select without escalating. The kept tokens are the integer-mass rule's and
+    the full sort's either way."""
+    monkeypatch.setattr(processing, "_PEAKED_PREFIX", 8)
+    g = torch.Generator().manual_seed(5)
+    rows = torch.cat(
+        [torch.randn(6, 5000, generator=g) * 6.0, torch.randn(6, 5000, generator=g) * 5.0]
+    )  # nuclei of 1-19 and 1-22 tokens: some rows past 8 ranks, none past 32
+    flat = torch.randn(1, 5000, generator=g) * 0.1
+    calls = {"radix": 0, "sizes": []}
+    radix, topk = processing._keep_nucleus, processing.ops.topk_blocks
+
+    def counted_radix(probs, masses):
+        calls["radix"] += len(probs)
+        return radix(probs, masses)
+
+    def counted_topk(part, m):
+        calls["sizes"].append((len(part), m))
+        return topk(part, m)
+
+    monkeypatch.setattr(processing, "_keep_nucleus", counted_radix)
+    monkeypatch.setattr(processing.ops, "topk_blocks", counted_topk)
+    for table, radix_rows in [(rows, 0), (torch.cat([rows, flat]), 1)]:
+        calls.update(radix=0, sizes=[])
+        got = process(table, 1.0, None, 0.9)
+        assert calls["radix"] == radix_rows
+        sizes = [m for _, m in calls["sizes"]]
+        assert sizes[0] == 8 and len(sizes) > 1 and sizes == [8 * 2**i for i in range(len(sizes))]
+        assert calls["sizes"][1][0] < len(table)  # only the rows left undecided escalate
+        assert torch.equal(got, full_sort(table, 1.0, None, 0.9))
+        probs = torch.softmax(table, -1).numpy()
+        expected = np.stack([integer_nucleus(row, 0.9) for row in probs])
+        assert np.array_equal(got.numpy() > 0, expected)
+
+
 def test_top_p_alone_on_peaked_rows_reads_the_host_twice(monkeypatch):
     """Top-p alone on peaked rows, unchecked: two host reads (how many rows are peaked, the
     prefix's flags), none for the row totals, which the bound's block sums give."""
