@@ -165,9 +165,9 @@ def test_process_is_row_local(dtype: torch.dtype) -> None:
 
 
 def test_other_routes_process_the_whole_tables(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Batches beyond the host walk, schemes of other engines, per-row temperatures, bf16
-    logits and ``validate=True`` take ``verify_chain`` on the processed tables (the walk on
-    read is never entered): its verdicts."""
+    """Batches beyond the host walk, schemes of other engines, per-row temperatures or top-p,
+    bf16 logits and ``validate=True`` take ``verify_chain`` on the processed tables (the walk
+    on read is never entered): its verdicts."""
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("the walk on read was taken")
@@ -175,46 +175,34 @@ def test_other_routes_process_the_whole_tables(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(L, "_walk_on_read", refuse)
     target, draft, tokens = round_inputs(3, 3, 4, 300, torch.float32, 1.0)
     per_row = torch.tensor([[0.8], [1.0], [1.6]])  # one per sequence: both tables' rows
-    cases = [
-        ("standard", target, draft, tokens, 1.0, False),  # three rows
-        ("block", target[:1], draft[:1], tokens[:1], 1.0, False),
-        ("nss", target, draft, tokens, 0.9, False),  # three rows
-        ("traversal", target[:1], draft[:1], tokens[:1], 1.2, False),
-        ("standard", target, draft, tokens, per_row, False),
-        ("standard", target[:1].bfloat16(), draft[:1].bfloat16(), tokens[:1], 1.0, False),
-        ("standard", target[:1], draft[:1], tokens[:1], 1.0, True),
-        ("standard", target[:1], draft[:1], tokens[:1], 0.0, False),  # greedy rows
+    one = (target[:1], draft[:1], tokens[:1])
+    cases = [  # (scheme, target, draft, tokens, temperature, top_p, validate)
+        ("standard", target, draft, tokens, 1.0, None, False),  # three rows
+        ("block", *one, 1.0, None, False),
+        ("nss", target, draft, tokens, 0.9, None, False),  # three rows
+        ("traversal", *one, 1.2, None, False),
+        ("standard", target, draft, tokens, per_row, None, False),
+        ("standard", target[:1].bfloat16(), draft[:1].bfloat16(), tokens[:1], 1.0, None, False),
+        ("standard", *one, 1.0, None, True),
+        ("standard", *one, 0.0, None, False),  # greedy rows
+        # top-p per sequence (a tensor or a sequence) or on a block engine
+        ("standard", *one, 1.0, torch.tensor([[0.9]]), False),
+        ("standard", target, draft, tokens, 1.0, torch.tensor([[0.9], [0.5], [1.0]]), False),
+        ("standard", *one, 1.0, [[0.8]], False),
+        ("block", *one, 1.0, 0.9, False),
     ]
-    for name, t, d, x, temp, validate in cases:
+    for name, t, d, x, temp, top_p, validate in cases:
         noise = ssg.chain.chain_noise(x.shape[0], x.shape[1], torch.Generator().manual_seed(5))
-        got = ssg.verify_chain_logits(name, x, t, d, noise, temperature=temp, validate=validate)
+        got = ssg.verify_chain_logits(
+            name, x, t, d, noise, temperature=temp, top_p=top_p, validate=validate
+        )
         expected = ssg.verify_chain(
             name,
             x,
-            ssg.process(t, temperature=temp, validate=validate),
-            ssg.process(d, temperature=temp, validate=validate),
+            ssg.process(t, temperature=temp, top_p=top_p, validate=validate),
+            ssg.process(d, temperature=temp, top_p=top_p, validate=validate),
             noise,
             validate=validate,
-        )
-        assert torch.equal(got.tokens, expected.tokens), name
-    # top-p per sequence (a tensor or a sequence) or on a block engine: the whole tables too
-    per_sequence = torch.tensor([[0.9], [0.5], [1.0]])
-    for name, rows, top_p in [
-        ("standard", slice(0, 1), torch.tensor([[0.9]])),
-        ("standard", slice(0, 3), per_sequence),
-        ("standard", slice(0, 1), [[0.8]]),
-        ("block", slice(0, 1), 0.9),
-    ]:
-        x, t, d = tokens[rows], target[rows], draft[rows]
-        noise = ssg.chain.chain_noise(x.shape[0], x.shape[1], torch.Generator().manual_seed(6))
-        got = ssg.verify_chain_logits(name, x, t, d, noise, top_p=top_p, validate=False)
-        expected = ssg.verify_chain(
-            name,
-            x,
-            ssg.process(t, top_p=top_p, validate=False),
-            ssg.process(d, top_p=top_p, validate=False),
-            noise,
-            validate=False,
         )
         assert torch.equal(got.tokens, expected.tokens), (name, top_p)
 
