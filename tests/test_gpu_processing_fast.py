@@ -590,6 +590,23 @@ def test_top_p_peaked_rows_by_ids_equal_the_threshold_pass(monkeypatch):
     assert not torch.equal(process(x, 1.0, None, 0.9), by_ids)
 
 
+def test_top_p_by_ids_into_out_overwrites_every_entry(monkeypatch):
+    """The kept tokens written by id into ``out=`` (a zero table first): every entry of the
+    buffer's garbage is overwritten, the values are the call's without ``out=``, and with rows
+    masked (left to the radix select) too."""
+    x = mixed_top_p_rows(5000, seed=4)
+    spy = ZeroingSpy(monkeypatch)
+    for rows, prefix, masked_share in [(x[:5], 64, 0.0), (x, 8, 1.0)]:  # peaked; all rows
+        monkeypatch.setattr(processing, "_PEAKED_PREFIX", prefix)
+        monkeypatch.setattr(processing, "_MASKED_SHARE", masked_share)
+        expected = process(rows, 1.0, None, 0.9)
+        out = torch.full_like(expected, float("nan"))
+        spy.calls.clear()
+        assert process(rows, 1.0, None, 0.9, out=out) is out
+        assert spy.calls[0][0] is True  # by ids
+        assert torch.equal(out, expected)
+
+
 @pytest.mark.parametrize("vocab_size", [5000, 151_936])
 def test_float32_top_p_is_row_local_bit_for_bit(vocab_size):
     """A row's float32 top-p probabilities are the same bit for bit processed alone or in its
