@@ -193,8 +193,10 @@ def process(
         Float64 keeps the reference's tokens; below float64 top-p counts masses in integer
         units of ``2 ** -(62 - bit_length(V))`` (the module docstring's dtype rule), so every
         device keeps the same tokens, which differ from float64's only where a cumulative mass
-        lies within float32 rounding of the threshold. With a known ``k < V`` on every row,
-        top-p is counted inside the top-``k`` set (the same tokens up to that rounding).
+        lies within float32 rounding of the threshold, and divides each row's kept
+        probabilities by their integer mass (so a row's values are the same bit for bit alone
+        or in any batch). With a known ``k < V`` on every row, top-p is counted inside the
+        top-``k`` set (the same tokens up to that rounding).
 
     Raises
     ------
