@@ -169,11 +169,12 @@ def process(
         Check the values of tensor inputs (NaN / +inf logits, all ``-inf`` rows, per-row tensor
         parameters), raising the reference's errors (the row maxima that check reads are reused
         by the softmax). This costs one host synchronisation, and
-        with top-k or top-p on one to four more, which let top-p alone below float64 run on a
-        partial sort of peaked rows and a radix select, and top-k / top-p on a partial sort
-        (rows it cannot decide go to the full sort). With ``validate=False`` the call never
-        synchronises with a device (for decoding loops whose inputs are known to be valid;
-        invalid values then give NaN rows): on an accelerator top-p then takes the full sort
+        with top-k or top-p on one to four more (two more for each step where top-p alone
+        tries more ranks on rows its partial sort left undecided), which let top-p alone below
+        float64 run on a partial sort of peaked rows and a radix select, and top-k / top-p on a
+        partial sort (rows it cannot decide go to the full sort). With ``validate=False`` the
+        call never synchronises with a device (for decoding loops whose inputs are known to be
+        valid; invalid values then give NaN rows): on an accelerator top-p then takes the full sort
         (the same tokens, slower) unless a host-known ``k < V`` bounds it below float64; on the
         CPU, where host reads cost no synchronisation, it keeps the faster routes.
         Python scalars and sequences are always checked, on the host, at no device cost.
@@ -449,11 +450,11 @@ def _zero_dropped(probs: torch.Tensor, kept: _Kept) -> None:
     is known, divide the kept ones by :func:`_kept_divisor` (else the caller divides by the row
     sums). With ``kept.ids``: a zero table, then each row's kept tokens written divided (the
     same values: one division of the same two numbers), and the masked rows, formed before the
-    zeroing, written back. Otherwise the threshold chunk by chunk
-    of rows (``p / d * (p >= v)``, the comparison written as 0.0 / 1.0 into one reused buffer of
-    ``probs``' dtype: ``x * 1 = x``, ``x * 0 = 0``, and the chunk is still in the cache for the
-    division and the product; on the CPU a whole-table ``where``, or a multiply by a boolean
-    mask, which converts it first, costs several times that), then the masked rows."""
+    zeroing, written back. Otherwise the threshold chunk by chunk of rows (``p / d * (p >= v)``,
+    the comparison written as 0.0 / 1.0 into one reused buffer of ``probs``' dtype: ``x * 1 =
+    x``, ``x * 0 = 0``, and the chunk is still in the cache for the division and the product;
+    on the CPU a whole-table ``where``, or a multiply by a boolean mask, which converts it
+    first, costs several times that), then the masked rows."""
     vocab_size = probs.shape[-1]
     divisor = None if kept.mass is None else _kept_divisor(kept.mass, vocab_size, probs.dtype)
     if kept.ids is not None and kept.count is not None and divisor is not None:
