@@ -1,25 +1,24 @@
 r"""Chain verification from logits: :func:`verify_chain_logits`.
 
-``verify_chain_logits(scheme, tokens, target_logits, draft_logits, temperature=T, top_p=P)``
-returns the tokens of ``verify_chain(scheme, tokens, process(target_logits, T, top_p=P),
-process(draft_logits, T, top_p=P))`` -- the same verdicts, the same noise drawn from the same
-generator. What it saves is the
-processing of rows the verifier never reads. A chain's standard rule reads
-:math:`p_i(x_i), q_i(x_i)` only up to the first rejected draft, and whole rows only there (the
-residual :math:`(p_k - q_k)_+`) or at the bonus row: with ``k`` drafts accepted it reads
-``k + 1`` rows of each table, not ``γ + 1`` and ``γ``. ``ssg.process`` is row-local (each
-row's probabilities depend on that row's logits alone, computed by the same kernel whatever the
-table around it, and with top-p the kept set by integer masses and the divisor by the kept
-integer mass, both functions of the row alone; tested bit for bit), so a row formed on first
-read holds the values the whole table would. At one or two sequences on the CPU (outside
-``torch.compile``, validation off, a temperature given as a number, top-p off or a number, the
-schemes whose chains take the standard rule -- ``standard``,
-``specinfer``, ``rsd``, ``spectr``, ``resispec``, ``spechub``, ``ot_optimal``, ``ot_binned``,
-``khisti`` -- ``greedy``, which reads the same rows, and ``nss``, which reads target rows
-alone) the walk forms rows as it reads them;
-everywhere else the tables are processed whole and
-:func:`~specsampling.gpu.chain.verify_chain` runs on them (a batch's rows are all read
-anyway, and an accelerator wants one kernel, not a host loop).
+``verify_chain_logits(scheme, tokens, target_logits, draft_logits, temperature=T, top_k=K,
+top_p=P)`` returns the tokens of ``verify_chain(scheme, tokens, process(target_logits, T, K, P),
+process(draft_logits, T, K, P))`` -- the same verdicts, the same noise drawn from the same
+generator. What it saves is the processing of rows the verifier never reads. A chain's standard
+rule reads :math:`p_i(x_i), q_i(x_i)` only up to the first rejected draft, and whole rows only
+there (the residual :math:`(p_k - q_k)_+`) or at the bonus row: with ``k`` drafts accepted it reads
+``k + 1`` rows of each table, not ``γ + 1`` and ``γ``. ``ssg.process`` is row-local (each row's
+probabilities depend on that row's logits alone, computed by the same kernel whatever the table
+around it, and with top-p the kept set by integer masses and the divisor by the kept integer mass,
+both functions of the row alone; with top-k the ``k + 1`` largest logits and sums over them, which
+run in one thread for ``k`` below :data:`ROW_LOCAL_TOP_K`; tested bit for bit), so a row formed on
+first read holds the values the whole table would. At one or two sequences on the CPU (outside
+``torch.compile``, validation off, a temperature given as a number, top-k off or below
+:data:`ROW_LOCAL_TOP_K`, top-p off or a number, the schemes whose chains take the standard rule --
+``standard``, ``specinfer``, ``rsd``, ``spectr``, ``resispec``, ``spechub``, ``ot_optimal``,
+``ot_binned``, ``khisti`` -- ``greedy``, which reads the same rows, and ``nss``, which reads target
+rows alone) the walk forms rows as it reads them; everywhere else the tables are processed whole
+and :func:`~specsampling.gpu.chain.verify_chain` runs on them (a batch's rows are all read anyway,
+and an accelerator wants one kernel, not a host loop).
 """
 
 from __future__ import annotations
@@ -62,6 +61,11 @@ from .schemes.nss import NSS
 #: thread and two take about its time on two.
 FIRST_CHUNK = 2
 
+#: Top-k below this walks on read: ``process``'s top-k route sums each row's ``k + 1`` weights,
+#: and torch splits one row's sum over its threads from 32,768 elements (torch's grain size), so
+#: a larger ``k`` may round a row alone differently from the same row in a table.
+ROW_LOCAL_TOP_K = 16_384
+
 
 class _RowsOnRead:
     """A chain engine's host route reading probability rows formed on first read (the engine's
@@ -78,11 +82,13 @@ class _RowsOnRead:
         draft_logits: torch.Tensor,
         temperature: float,
         top_p: float | None = None,
+        top_k: int | None = None,
     ) -> None:
         self.logits = (target_logits, draft_logits)  # [R, V] each, flat rows
         self.lanes = (gamma + 1, gamma)  # lanes per sequence in each table
         self.temperature = temperature
         self.top_p = top_p
+        self.top_k = top_k
         self.chunks: dict[tuple[int, int], torch.Tensor] = {}
 
     @property
@@ -102,7 +108,7 @@ class _RowsOnRead:
             stop = base * lanes + min(first + size, lanes)  # [start, stop): the chunk's rows
             logits = self.logits[table][start:stop]  # [n, V]
             self.chunks[key] = process(
-                logits, temperature=self.temperature, top_p=self.top_p, validate=False
+                logits, self.temperature, self.top_k, self.top_p, validate=False
             )
         return self.chunks[key][flat - start : flat - start + 1]  # [1, V]
 
@@ -183,6 +189,7 @@ def verify_chain_logits(
     noise: Noise | None = None,
     *,
     temperature: Any = 1.0,
+    top_k: Any = None,
     top_p: Any = None,
     generator: torch.Generator | None = None,
     validate: bool = True,
@@ -190,8 +197,8 @@ def verify_chain_logits(
     dtype: torch.dtype | None = None,
 ) -> Verified:
     """Verify a batch of drafted chains from logits: the verdicts of
-    ``verify_chain(scheme, draft_tokens, process(target_logits, temperature, top_p=top_p),
-    process(draft_logits, temperature, top_p=top_p), noise, ...)``, forming only the
+    ``verify_chain(scheme, draft_tokens, process(target_logits, temperature, top_k, top_p),
+    process(draft_logits, temperature, top_k, top_p), noise, ...)``, forming only the
     probability rows the walk reads where it walks on the host (see the module docstring).
 
     Parameters
@@ -209,6 +216,10 @@ def verify_chain_logits(
         must broadcast to both: one per sequence). A positive finite real number (Python or
         numpy) lets the host walk form rows on read; ``0`` (greedy rows) and tensors take the
         whole-table route.
+    top_k : int or None, or per-sequence values of shape (B, 1)
+        As :func:`~specsampling.gpu.processing.process`, for both tables (default ``None``:
+        off). An integer below :data:`ROW_LOCAL_TOP_K` (or at least ``V``: off) lets the host
+        walk form rows on read; larger ones, tensors and sequences take the whole-table route.
     top_p : number or None, or per-sequence values of shape (B, 1)
         As :func:`~specsampling.gpu.processing.process`, for both tables (default ``None``:
         off). A real number in ``(0, 1]`` (or ``None``) lets the host walk form rows on read
@@ -243,6 +254,7 @@ def verify_chain_logits(
         draft_logits,
         noise,
         temperature,
+        top_k,
         top_p,
         validate,
         dtype,
@@ -258,12 +270,13 @@ def verify_chain_logits(
             generator,
             num_draft_tokens,
             None if top_p is None else float(top_p),
+            None if top_k is None else int(top_k),
         )[0]
     return verify_chain(
         scheme,
         draft_tokens,
-        process(target_logits, temperature=temperature, top_p=top_p, validate=validate),
-        process(draft_logits, temperature=temperature, top_p=top_p, validate=validate),
+        process(target_logits, temperature, top_k, top_p, validate=validate),
+        process(draft_logits, temperature, top_k, top_p, validate=validate),
         noise,
         generator=generator,
         validate=validate,
@@ -279,6 +292,7 @@ def _walk_engine(
     draft_logits: Any,
     noise: Any,
     temperature: Any,
+    top_k: Any,
     top_p: Any,
     validate: bool,
     dtype: torch.dtype | None,
@@ -286,8 +300,9 @@ def _walk_engine(
     """The engine :func:`verify_chain_logits` walks on rows formed on read, or ``None`` where
     it processes the whole tables. It walks with validation off, one or two rows of
     well-formed CPU tensors of one float dtype outside ``torch.compile`` (the noise too, if
-    given: ``[B, γ + 1]`` each), a positive finite number for the temperature, ``None`` or a
-    number in ``(0, 1]`` for ``top_p``, a scheme whose chain engine has a walk on read (the
+    given: ``[B, γ + 1]`` each), a positive finite number for the temperature, ``None`` or an
+    integer in ``[1, ROW_LOCAL_TOP_K)`` or ``>= V`` for ``top_k``, ``None`` or a number in
+    ``(0, 1]`` for ``top_p``, a scheme whose chain engine has a walk on read (the
     standard rule's, greedy's, nss's). Anything else takes the whole-table route, which
     raises what ``process`` and ``verify_chain`` raise."""
     if validate or not (noise is None or isinstance(noise, Noise)):
@@ -331,6 +346,10 @@ def _walk_engine(
         return None
     if top_p is not None and not 0 < float(top_p) <= 1:
         return None
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral)):
+        return None
+    if top_k is not None and not (1 <= int(top_k) < ROW_LOCAL_TOP_K or int(top_k) >= vocab):
+        return None
     try:
         lowering = tree_lowering(scheme)
     except (KeyError, TypeError, ValueError, UnsupportedShape):
@@ -350,10 +369,11 @@ def rows_on_read(
     generator: torch.Generator | None = None,
     num_draft_tokens: Any = None,
     top_p: float | None = None,
+    top_k: int | None = None,
 ) -> tuple[Verified, int]:
     """``(verdicts, rows processed)`` of the host walk on rows formed on read, as
-    :func:`verify_chain` with ``validate=False`` on the tables processed with ``temperature``
-    and ``top_p`` (one stop round; the same noise from the same generator)."""
+    :func:`verify_chain` with ``validate=False`` on the tables processed with ``temperature``,
+    ``top_k`` and ``top_p`` (one stop round; the same noise from the same generator)."""
     engine = _chain_engine(tree_lowering(scheme))
     return _walk_on_read(
         engine,
@@ -365,6 +385,7 @@ def rows_on_read(
         generator,
         num_draft_tokens,
         top_p,
+        top_k,
     )
 
 
@@ -378,6 +399,7 @@ def _walk_on_read(
     generator: torch.Generator | None,
     num_draft_tokens: Any,
     top_p: float | None = None,
+    top_k: int | None = None,
 ) -> tuple[Verified, int]:
     """:func:`rows_on_read` on ``engine`` (one of :data:`_ON_READ`'s)."""
     draft_tokens = draft_tokens.to(torch.long)
@@ -393,6 +415,7 @@ def _walk_on_read(
         draft_logits.reshape(batch_size * gamma, vocab),
         temperature,
         top_p,
+        top_k,
     )
     if isinstance(engine, NSSChain):  # the chain's shape; the walk reads rows through on_read
         verified = on_read.host_run(
@@ -404,4 +427,4 @@ def _walk_on_read(
     return verified, on_read.formed
 
 
-__all__ = ["rows_on_read", "verify_chain_logits"]
+__all__ = ["ROW_LOCAL_TOP_K", "rows_on_read", "verify_chain_logits"]

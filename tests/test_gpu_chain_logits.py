@@ -38,6 +38,7 @@ def round_inputs(
     dtype: torch.dtype,
     temp: float,
     top_p: float | None = None,
+    top_k: int | None = None,
 ):
     """Correlated logits, tokens drawn from the processed draft, some ``-inf`` columns."""
     generator = torch.Generator().manual_seed(seed)
@@ -49,7 +50,7 @@ def round_inputs(
     if seed % 5 == 0:
         target[..., : vocab // 3] = -float("inf")
         draft[..., : vocab // 3] = -float("inf")
-    probs = ssg.process(draft, temperature=temp, top_p=top_p, validate=False)
+    probs = ssg.process(draft, temp, top_k, top_p, validate=False)
     probs = probs.reshape(-1, vocab).float()
     tokens = torch.multinomial(probs, 1, generator=generator).view(batch, gamma)
     if seed % 4 == 1:  # a point-mass draft row on lane 0 (greedy's covering lane)
@@ -72,8 +73,9 @@ def test_rows_on_read_give_verify_chain_verdicts(dtype: torch.dtype) -> None:
     processed tables, bit for bit, for every scheme of the standard family (resispec's shaped
     test included), greedy (point-mass draft rows included: its covering lanes) and nss: one
     and two rows, 1-8 drafts, ragged lengths, vocabularies from 2 to 40,000, temperatures
-    0.05-2, top-p off or 0.3-1, given noise and noise drawn from a generator. It processes only
-    the chunks of rows holding the lanes it reads (counted; nss reads no draft row)."""
+    0.05-2, top-k off or 1-300, top-p off or 0.3-1, given noise and noise drawn from a
+    generator. It processes only the chunks of rows holding the lanes it reads (counted; nss
+    reads no draft row)."""
     checked = 0
     for seed in range(160):
         rng = random.Random(seed)
@@ -81,7 +83,8 @@ def test_rows_on_read_give_verify_chain_verdicts(dtype: torch.dtype) -> None:
         vocab = rng.choice([2, 3, 127, 129, 1000, 40_000])
         temp = rng.choice([1.0, 0.7, 1.3, 0.05, 2.0])
         top_p = rng.choice([None, None, 0.9, 0.5, 0.3, 0.99, 1.0])
-        target, draft, tokens = round_inputs(seed, batch, gamma, vocab, dtype, temp, top_p)
+        top_k = rng.choice([None, None, None, 1, 5, 50, 300, vocab + 1])
+        target, draft, tokens = round_inputs(seed, batch, gamma, vocab, dtype, temp, top_p, top_k)
         lengths = torch.randint(0, gamma + 1, (batch,)) if seed % 3 == 0 else None
         name = STANDARD_FAMILY[seed % len(STANDARD_FAMILY)]
         given = seed % 2 == 0
@@ -92,7 +95,7 @@ def test_rows_on_read_give_verify_chain_verdicts(dtype: torch.dtype) -> None:
 
         use = noise if given else None
         walked, formed = L.rows_on_read(
-            name, tokens, target, draft, use, temp, generator(), lengths, top_p
+            name, tokens, target, draft, use, temp, generator(), lengths, top_p, top_k
         )
         public = ssg.verify_chain_logits(
             name,
@@ -101,6 +104,7 @@ def test_rows_on_read_give_verify_chain_verdicts(dtype: torch.dtype) -> None:
             draft,
             use,
             temperature=temp,
+            top_k=top_k,
             top_p=top_p,
             generator=generator(),
             validate=False,
@@ -109,8 +113,8 @@ def test_rows_on_read_give_verify_chain_verdicts(dtype: torch.dtype) -> None:
         expected = ssg.verify_chain(
             name,
             tokens,
-            ssg.process(target, temperature=temp, top_p=top_p, validate=False),
-            ssg.process(draft, temperature=temp, top_p=top_p, validate=False),
+            ssg.process(target, temp, top_k, top_p, validate=False),
+            ssg.process(draft, temp, top_k, top_p, validate=False),
             use,
             generator=generator(),
             validate=False,
@@ -149,19 +153,25 @@ def test_a_first_draft_rejected_forms_two_rows_of_each_table() -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_process_is_row_local(dtype: torch.dtype) -> None:
     """The premise of rows formed on read: ``ssg.process`` of a few rows gives the rows of the
-    whole table's result bit for bit (temperatures below, at and above 1; top-p off and on;
-    odd vocabularies)."""
+    whole table's result bit for bit (temperatures below, at and above 1; top-k off, small and
+    just below ``ROW_LOCAL_TOP_K``; top-p off and on; odd vocabularies)."""
     generator = torch.Generator().manual_seed(2)
+    settings = [(0.3, None, None), (1.0, None, None), (1.7, None, None), (1.0, None, 0.9)]
+    settings += [
+        (0.7, None, 0.5),
+        (1.0, 50, None),
+        (0.7, 5, 0.9),
+        (1.0, L.ROW_LOCAL_TOP_K - 1, 0.9),
+    ]
     for vocab in (3, 129, 32_000, 151_936):
         logits = 4 * torch.randn(2, 9, vocab, generator=generator, dtype=dtype)
         logits[1] *= 3  # peaked rows: top-p's partial sort where a call's rows are mostly these
         flat = logits.reshape(18, vocab)
-        for temp, top_p in ((0.3, None), (1.0, None), (1.7, None), (1.0, 0.9), (0.7, 0.5)):
-            whole = ssg.process(logits, temperature=temp, top_p=top_p, validate=False)
-            whole = whole.reshape(18, vocab)
+        for temp, top_k, top_p in settings:
+            whole = ssg.process(logits, temp, top_k, top_p, validate=False).reshape(18, vocab)
             for start, stop in ((0, 1), (1, 3), (3, 7), (9, 18), (17, 18), (8, 10)):
-                part = ssg.process(flat[start:stop], temperature=temp, top_p=top_p, validate=False)
-                assert torch.equal(part, whole[start:stop]), (vocab, temp, top_p, start)
+                part = ssg.process(flat[start:stop], temp, top_k, top_p, validate=False)
+                assert torch.equal(part, whole[start:stop]), (vocab, temp, top_k, top_p, start)
 
 
 def test_other_routes_process_the_whole_tables(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -205,6 +215,25 @@ def test_other_routes_process_the_whole_tables(monkeypatch: pytest.MonkeyPatch) 
             validate=validate,
         )
         assert torch.equal(got.tokens, expected.tokens), (name, top_p)
+    # top-k per sequence, or at and above ROW_LOCAL_TOP_K (a row's sums split over threads)
+    wide, wide_draft, wide_tokens = round_inputs(7, 1, 2, 40_000, torch.float32, 1.0)
+    for x, t, d, top_k in [
+        (tokens[:1], target[:1], draft[:1], torch.tensor([[5]])),
+        (tokens[:1], target[:1], draft[:1], [[5]]),
+        (wide_tokens, wide, wide_draft, L.ROW_LOCAL_TOP_K),
+        (wide_tokens, wide, wide_draft, 20_000),
+    ]:
+        noise = ssg.chain.chain_noise(x.shape[0], x.shape[1], torch.Generator().manual_seed(5))
+        got = ssg.verify_chain_logits("standard", x, t, d, noise, top_k=top_k, validate=False)
+        expected = ssg.verify_chain(
+            "standard",
+            x,
+            ssg.process(t, top_k=top_k, validate=False),
+            ssg.process(d, top_k=top_k, validate=False),
+            noise,
+            validate=False,
+        )
+        assert torch.equal(got.tokens, expected.tokens), top_k
 
 
 def test_bad_input_is_refused_naming_the_argument() -> None:
@@ -225,6 +254,9 @@ def test_bad_input_is_refused_naming_the_argument() -> None:
     for top_p in (1.5, 0.0, True, "0.9", float("nan")):  # the whole-table route refuses them
         with pytest.raises(ValueError, match="top_p"):
             ssg.verify_chain_logits("standard", tokens, target, draft, top_p=top_p, validate=False)
+    for top_k in (0, -3, True, 2.5, "5"):
+        with pytest.raises(ValueError, match="top_k"):
+            ssg.verify_chain_logits("standard", tokens, target, draft, top_k=top_k, validate=False)
 
 
 def test_fast_path_inputs_of_other_kinds_match_the_whole_tables() -> None:
