@@ -61,10 +61,11 @@ from .schemes.nss import NSS
 #: thread and two take about its time on two.
 FIRST_CHUNK = 2
 
-#: Top-k below this walks on read: ``process``'s top-k route sums each row's ``k + 1`` weights,
-#: and torch splits one row's sum over its threads from 32,768 elements (torch's grain size), so
-#: a larger ``k`` may round a row alone differently from the same row in a table.
 ROW_LOCAL_TOP_K = 16_384
+"""Top-k below this walks on read: ``process``'s top-k route sums each row's ``k + 1`` weights,
+and torch splits one row's sum over its threads from 32,768 elements (its grain size), so a
+larger ``k`` may round a row alone differently from the same row in a table (seen at
+``k = 40,000``); ``verify_chain_logits`` then processes the whole tables."""
 
 
 class _RowsOnRead:
