@@ -61,6 +61,9 @@ from .schemes.nss import NSS
 #: thread and two take about its time on two.
 FIRST_CHUNK = 2
 
+#: ``process``'s positional temperature, top-k and top-p, as the walk on read applies them.
+_Settings = tuple[float, int | None, float | None]
+
 ROW_LOCAL_TOP_K = 16_384
 """Top-k below this walks on read: ``process``'s top-k route sums each row's ``k + 1`` weights,
 and torch splits one row's sum over its threads from 32,768 elements (its grain size), so a
@@ -81,15 +84,11 @@ class _RowsOnRead:
         gamma: int,
         target_logits: torch.Tensor,
         draft_logits: torch.Tensor,
-        temperature: float,
-        top_p: float | None = None,
-        top_k: int | None = None,
+        settings: _Settings,
     ) -> None:
         self.logits = (target_logits, draft_logits)  # [R, V] each, flat rows
         self.lanes = (gamma + 1, gamma)  # lanes per sequence in each table
-        self.temperature = temperature
-        self.top_p = top_p
-        self.top_k = top_k
+        self.settings = settings  # process's (temperature, top_k, top_p)
         self.chunks: dict[tuple[int, int], torch.Tensor] = {}
 
     @property
@@ -108,9 +107,7 @@ class _RowsOnRead:
         if key not in self.chunks:
             stop = base * lanes + min(first + size, lanes)  # [start, stop): the chunk's rows
             logits = self.logits[table][start:stop]  # [n, V]
-            self.chunks[key] = process(
-                logits, self.temperature, self.top_k, self.top_p, validate=False
-            )
+            self.chunks[key] = process(logits, *self.settings, validate=False)
         return self.chunks[key][flat - start : flat - start + 1]  # [1, V]
 
 
@@ -261,17 +258,20 @@ def verify_chain_logits(
         dtype,
     )
     if engine is not None:
+        settings = (
+            float(temperature),
+            None if top_k is None else int(top_k),
+            None if top_p is None else float(top_p),
+        )
         return _walk_on_read(
             engine,
             draft_tokens,
             target_logits,
             draft_logits,
             noise,
-            float(temperature),
+            settings,
             generator,
             num_draft_tokens,
-            None if top_p is None else float(top_p),
-            None if top_k is None else int(top_k),
         )[0]
     return verify_chain(
         scheme,
@@ -376,17 +376,16 @@ def rows_on_read(
     :func:`verify_chain` with ``validate=False`` on the tables processed with ``temperature``,
     ``top_k`` and ``top_p`` (one stop round; the same noise from the same generator)."""
     engine = _chain_engine(tree_lowering(scheme))
+    settings = (temperature, top_k, top_p)
     return _walk_on_read(
         engine,
         draft_tokens,
         target_logits,
         draft_logits,
         noise,
-        temperature,
+        settings,
         generator,
         num_draft_tokens,
-        top_p,
-        top_k,
     )
 
 
@@ -396,13 +395,12 @@ def _walk_on_read(
     target_logits: torch.Tensor,
     draft_logits: torch.Tensor,
     noise: Noise | None,
-    temperature: float,
+    settings: _Settings,
     generator: torch.Generator | None,
     num_draft_tokens: Any,
-    top_p: float | None = None,
-    top_k: int | None = None,
 ) -> tuple[Verified, int]:
-    """:func:`rows_on_read` on ``engine`` (one of :data:`_ON_READ`'s)."""
+    """:func:`rows_on_read` on ``engine`` (one of :data:`_ON_READ`'s), the rows processed with
+    ``settings`` (``process``'s temperature, top-k and top-p)."""
     draft_tokens = draft_tokens.to(torch.long)
     batch_size, gamma = draft_tokens.shape
     num_drafts = draft_lengths(draft_tokens, num_draft_tokens)
@@ -414,9 +412,7 @@ def _walk_on_read(
         gamma,
         target_logits.reshape(batch_size * (gamma + 1), vocab),  # flat rows, views
         draft_logits.reshape(batch_size * gamma, vocab),
-        temperature,
-        top_p,
-        top_k,
+        settings,
     )
     if isinstance(engine, NSSChain):  # the chain's shape; the walk reads rows through on_read
         verified = on_read.host_run(

@@ -614,7 +614,7 @@ def _top_p_with_fallback(
     flags = torch.stack([~decided, partial & decided, keep_all]).tolist()  # the host read
     tied_rows = [row for row, flag in enumerate(flags[1]) if flag]
     rows = [row for row, flag in enumerate(flags[0]) if flag]
-    whole_rows = [row for row, flag in enumerate(flags[2]) if flag and not flags[0][row]]
+    whole_rows = [row for row, flag in enumerate(flags[2]) if flag]  # decided: they keep all
     prefix = values.shape[-1]
     if nucleus and rows and len(rows) == len(probs):  # none decided: more ranks, or the radix
         return _escalate(probs, counts, masses, band, sums, prefix)
