@@ -143,17 +143,56 @@ def test_interleaved_median_within_a_budget() -> None:
 
 
 def test_gpu_script_on_cpu(tmp_path: Path) -> None:
+    """``benchmarks/gpu/run.py --quick`` on the CPU: every step but decoding and the tests, each
+    a row per scheme; the path-wise step certifies what it checks, float32 agrees."""
     out = tmp_path / "gpu"
-    run_script("benchmarks/gpu/run.py", str(out), "--device", "cpu", "--quick", "--skip-tests")
+    run_script(
+        "benchmarks/gpu/run.py",
+        str(out),
+        "--device",
+        "cpu",
+        "--quick",
+        "--skip-tests",
+        "--skip-decode",
+    )
     data = json.loads((out / "results.json").read_text())
     text = (out / "results.md").read_text()
+    for section in ("## Goals", "## Path-wise on the device", "## Float32 agreement"):
+        assert section in text
     assert "## Chains" in text and "## Trees" in text
+    assert [r["scheme"] for r in data["pathwise"]] == ["standard", "block", "gumbel"]
+    assert all(r["certified"] and r["cases"] > 0 for r in data["pathwise"]), data["pathwise"]
+    assert [r["scheme"] for r in data["agreement"]] == ["standard", "nss", "block", "traversal"]
+    assert all(r["rows"] == 2_000 and r["differ"] <= 1 for r in data["agreement"])
     assert data["chains"] and data["trees"], data["notes"]
     for record in data["chains"] + data["trees"]:
         assert record["verify_s"] is not None and record["verify_s"] > 0, record
         assert record["floor_s"] > 0, record
+    for record in data["chains"]:  # from logits and our vLLM-layout adapter, every scheme
+        assert record["logits_s"] > 0 and record["vllm_adapter_s"] > 0, record
     assert {r["B"] for r in data["chains"]} == {1, 4}
+    assert "`standard` verify reaches" in text
     assert not any(n.startswith("run aborted") for n in data["notes"]), data["notes"]
+
+
+@pytest.mark.slow
+def test_gpu_script_decodes_on_cpu(tmp_path: Path) -> None:
+    """The decoding step: ``benchmarks/gpu/decode.py --tiny`` run by ``run.py``, its table in
+    the results."""
+    out = tmp_path / "gpu"
+    run_script(
+        "benchmarks/gpu/run.py",
+        str(out),
+        "--device",
+        "cpu",
+        "--quick",
+        "--skip-tests",
+        "--pathwise-schemes",
+        "standard",
+    )
+    data = json.loads((out / "results.json").read_text())
+    assert "| pair | draft | B |" in data["decode"], data["notes"]
+    assert len(table_rows(data["decode"], "pair")) >= 2
 
 
 @pytest.mark.slow

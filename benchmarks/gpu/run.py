@@ -1,26 +1,35 @@
-"""One prepared run for a CUDA machine: the CUDA tests, then the torch benchmarks, in one call.
+"""One prepared run for a CUDA machine: exactness on the device, then the torch benchmarks.
 
 Run from the repository root (see ``benchmarks/gpu/README.md``)::
 
-    python benchmarks/gpu/run.py OUT_DIR                    # on the GPU machine, < 10 minutes
+    python benchmarks/gpu/run.py OUT_DIR                    # on the GPU machine, < 8 minutes
     python benchmarks/gpu/run.py OUT_DIR --device cpu --quick --skip-tests   # smoke test here
 
 Steps, each written to ``OUT_DIR`` as soon as it is done (``results.md``, ``results.json``,
-``pytest-cuda.txt``), so a run cut short still leaves what it measured:
+``pytest-cuda.txt``, ``decode/``), so a run cut short still leaves what it measured:
 
 1. The environment: Python, torch, CUDA device, which optional packages import.
-2. The CUDA tests: ``python -m pytest -q -m cuda tests/`` (the ``cuda``-marked tests run on the
-   GPU), with a timeout.
-3. Chains, for every chain scheme of ``specsampling.gpu.SCHEMES`` (iterated at run time;
-   ``ssg.verify_chain`` when present) at B in {1, 32, 64}, γ = 8, V in {32k, 128k}: verify time
-   from float32 probabilities, process + verify from float32 logits, against the copy floor (a
+2. Path-wise equality on the device, every scheme, float64: ``certify_torch(device=...)``
+   (the lowering's verdict equals the reference's on mixed batches of every shape the scheme
+   supports, every enumerated tree checked against the reference's exact verdict law, the
+   refused shapes refused), one scheme at a time.
+3. The float32 agreement rate: fuzzed chain rounds verified in float64 and, from the same
+   float32-rounded tables and the same uniforms, in float32 (``standard``, ``nss``, ``block``,
+   ``traversal``); the rows whose tokens differ, counted.
+4. Chains, for every chain scheme of ``specsampling.gpu.SCHEMES`` (iterated at run time) at B in
+   {1, 64, 256}, γ = 8, V in {32,000, 151,936}: verify from float32 probabilities, process +
+   verify and ``verify_chain_logits`` from float32 logits, against the copy floor (a
    device-to-device copy of both probability tables, measured in the same run); Hugging Face's
-   ``_speculative_sampling`` looped per sequence and FlashInfer's ``chain_speculative_sampling``
-   on the same tensors when they import. One call per scheme and size runs under
+   ``_speculative_sampling`` looped per sequence, FlashInfer's ``chain_speculative_sampling``
+   and vLLM's ``rejection_sample`` on the same tensors when they import, and our adapters in
+   their layouts. One call per scheme and size runs under
    ``torch.cuda.set_sync_debug_mode("error")`` (validation off): "no sync" means no host
    synchronisation inside process + verify.
-4. Trees: ``Shape.paths(4, 8)`` and ``Shape.branching((2, 3, 4))`` (32 drafted nodes) for every
+5. Trees: ``Shape.paths(4, 8)`` and ``Shape.branching((2, 3, 4))`` (32 drafted nodes) for every
    tree lowering supporting them, same B and V, against the copy floor of both tables.
+6. Decoding tokens/s on the Qwen2.5 pairs' configurations (random weights):
+   ``benchmarks/gpu/decode.py`` with what is left of the budget.
+7. The CUDA tests, with what is left: ``python -m pytest -q -m cuda tests/``.
 
 GPU times are ``torch.cuda.Event`` timings of back-to-back calls after a warm-up (the median of
 several trials); on CPU, ``time.perf_counter``. A deadline (``--deadline-s``) skips what would
@@ -48,6 +57,36 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # common.py
+
+#: Seconds kept for the CUDA tests when they run (the last step).
+MIN_TEST_S = 60.0
+#: The float32 agreement step's schemes (every chain engine) and rows per batch.
+AGREEMENT_SCHEMES = ("standard", "nss", "block", "traversal")
+AGREEMENT_CHUNK = 100_000
+AGREEMENT_VOCAB, AGREEMENT_GAMMA = 200, 4
+#: A tree lowering whose single call would take longer than this at the next size (its last
+#: call scaled by B V) is not timed there: the host-planned rules (``ot_optimal``, ``khisti``,
+#: ``resispec``'s default) plan each reached node on the host, which no device speeds up.
+TREE_CALL_CAP_S = 2.0
+#: A tree call slower than this is timed once (no warm-up, no trials, no sync check).
+TREE_SLOW_CALL_S = 0.25
+
+
+def fuzzed_rounds(torch: Any, rows: int, seed: int, device: str) -> tuple[Any, ...]:
+    """``(tokens, target, draft, accept, sample)``: ``rows`` chain rounds of a correlated pair
+    on ``device`` (``tests/test_gpu_chain_float32.py``'s construction), the float64 tables
+    exactly the float32-rounded ones, so both precisions see the same numbers."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    shape = (rows, AGREEMENT_GAMMA + 1, AGREEMENT_VOCAB)
+    logits = 3 * torch.randn(shape, generator=g, device=device, dtype=torch.float64)
+    noise = torch.randn(shape[0], AGREEMENT_GAMMA, AGREEMENT_VOCAB, generator=g, device=device)
+    draft = (logits[:, :AGREEMENT_GAMMA] + noise.double()).softmax(-1)
+    flat = draft.reshape(-1, AGREEMENT_VOCAB)
+    tokens = torch.multinomial(flat, 1, generator=g).reshape(rows, AGREEMENT_GAMMA)
+    accept = torch.rand(rows, AGREEMENT_GAMMA + 1, generator=g, device=device, dtype=torch.float64)
+    sample = torch.rand(rows, AGREEMENT_GAMMA + 1, generator=g, device=device, dtype=torch.float64)
+    target = logits.softmax(-1).float().double()
+    return tokens, target, draft.float().double(), accept, sample
 
 
 def overlay() -> Path:
@@ -170,6 +209,90 @@ def flashinfer_chain(torch: Any) -> tuple[Any, str]:
     return call, f"flashinfer {getattr(flashinfer, '__version__', '?')}"
 
 
+def vllm_layout(
+    torch: Any, draft: Any, target: Any, target_logits: Any, draft_tokens: Any
+) -> tuple[Any, ...]:
+    """vLLM V1's flattened inputs for ``B`` chains of ``γ`` drafts: ``(draft_token_ids [B γ],
+    num_draft_tokens, max_spec_len, cu_num_draft_tokens [B], draft_probs [B γ, V], target
+    [B γ, V], bonus_token_ids [B, 1])``, the target rows as logits (vLLM's ``rejection_sample``
+    takes the target's processed logits and forms their softmax itself), the bonus tokens drawn
+    here from the target's last row (vLLM's caller draws them before the rejection sampler)."""
+    batch, gamma = draft_tokens.shape
+    vocab = target.shape[-1]
+    device = target.device
+    bonus = torch.multinomial(target[:, gamma], 1).int()  # [B, 1]
+    cumulative = (torch.arange(1, batch + 1, device=device) * gamma).int()  # [B]
+    flat_logits = target_logits[:, :gamma].reshape(-1, vocab).contiguous()  # [B γ, V]
+    flat_draft = draft.reshape(-1, vocab)  # [B γ, V]
+    tokens = draft_tokens.reshape(-1).int()  # [B γ]
+    return tokens, [gamma] * batch, gamma, cumulative, flat_draft, flat_logits, bonus
+
+
+def vllm_rejection(torch: Any) -> tuple[Any, str]:
+    """A caller ``f(*vllm_layout(...))`` of vLLM's own ``rejection_sample`` (every request
+    sampled at temperature 1, no per-request generators), or ``None`` and why not."""
+    try:
+        import vllm
+        from vllm.v1.sample.rejection_sampler import rejection_sample
+    except Exception as error:  # ImportError, or a build without this module
+        return None, f"vLLM not available ({type(error).__name__}: {error})"
+    version = getattr(vllm, "__version__", "?")
+    try:
+        make = sampling_metadata(torch)
+    except Exception as error:  # its metadata class changed shape
+        return None, f"vLLM {version}: no sampling metadata ({type(error).__name__}: {error})"
+
+    def call(tokens, counts, width, cumulative, draft_probs, target_logits, bonus):
+        metadata = make(len(counts), target_logits.device)
+        return rejection_sample(
+            tokens, counts, width, cumulative, draft_probs, target_logits, bonus, metadata
+        )
+
+    return call, f"vllm {version}"
+
+
+def sampling_metadata(torch: Any) -> Any:
+    """``make(batch, device)``: vLLM's ``SamplingMetadata`` for ``batch`` requests sampled at
+    temperature 1 with nothing else set, built from the fields its dataclass declares."""
+    import dataclasses
+
+    from vllm.v1.sample.metadata import SamplingMetadata
+
+    def make(batch: int, device: Any) -> Any:
+        values = {
+            "temperature": torch.ones(batch, device=device),
+            "all_greedy": False,
+            "all_random": True,
+            "generators": {},
+            "no_penalties": True,
+            "output_token_ids": [[] for _ in range(batch)],
+            "allowed_token_ids_mask": None,
+            "bad_words_token_ids": {},
+            "logitsprocs": None,
+        }
+        fields = {f.name: f for f in dataclasses.fields(SamplingMetadata)}
+        kwargs = {
+            name: values.get(name) for name in fields if name in values or _required(fields[name])
+        }
+        return SamplingMetadata(**kwargs)
+
+    return make
+
+
+def _required(field: Any) -> bool:
+    import dataclasses
+
+    return field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+
+
+def our_vllm_adapter() -> Any:
+    try:
+        module = importlib.import_module("specsampling.gpu.vllm")
+    except ImportError:
+        return None
+    return getattr(module, "rejection_sample", None)
+
+
 def our_flashinfer_adapter() -> Any:
     try:
         module = importlib.import_module("specsampling.gpu.flashinfer")
@@ -187,20 +310,32 @@ class Run:
         self.began = time.perf_counter()
         self.env: dict[str, Any] = {}
         self.tests: dict[str, Any] = {}
+        self.pathwise: list[dict[str, Any]] = []
+        self.agreement: list[dict[str, Any]] = []
         self.chains: list[dict[str, Any]] = []
         self.trees: list[dict[str, Any]] = []
+        self.decode = ""
         self.notes: list[str] = []
+        self.tree_calls: dict[str, tuple[float, int]] = {}  # name: (seconds, B V) of a call
 
     def remaining(self) -> float:
         return self.args.deadline_s - (time.perf_counter() - self.began)
+
+    def reserved(self) -> float:
+        """Seconds the benchmark steps leave for the later ones (decoding, the tests)."""
+        later = 0.0 if self.args.skip_decode else self.args.decode_s
+        return later + (0.0 if self.args.skip_tests else MIN_TEST_S) + 15.0
 
     # ------------------------------------------------------------------ output
     def save(self) -> None:
         data = {
             "env": self.env,
             "tests": self.tests,
+            "pathwise": self.pathwise,
+            "agreement": self.agreement,
             "chains": self.chains,
             "trees": self.trees,
+            "decode": self.decode,
             "notes": self.notes,
             "elapsed_s": round(time.perf_counter() - self.began, 1),
         }
@@ -236,9 +371,12 @@ class Run:
                 ms(r.get("floor_s")),
                 ratio(r.get("verify_s"), r.get("floor_s")),
                 "-" if r.get("verify_s") is None else f"{100 * r['floor_s'] / r['verify_s']:.0f}%",
+                ms(r.get("logits_s")),
                 ms(r.get("hf_s")),
                 ms(r.get("flashinfer_s")),
                 ms(r.get("adapter_s")),
+                ms(r.get("vllm_s")),
+                ms(r.get("vllm_adapter_s")),
                 r.get("sync", "-"),
             ]
             for r in data["chains"]
@@ -253,9 +391,12 @@ class Run:
             "copy floor (ms)",
             "verify / floor",
             "floor / verify",
+            "`verify_chain_logits` (ms)",
             "HF loop (ms)",
             "FlashInfer (ms)",
             "our FlashInfer adapter (ms)",
+            "vLLM `rejection_sample` (ms)",
+            "our vLLM adapter (ms)",
             "host sync",
         ]
         tree_rows = [
@@ -281,6 +422,41 @@ class Run:
             "verify / floor",
             "host sync",
         ]
+        pathwise_rows = [
+            [
+                f"`{r['scheme']}`",
+                r.get("lowering", "-"),
+                str(r.get("supported", "-")),
+                str(r.get("refused", "-")),
+                f"{r.get('cases', 0):,}",
+                str(r.get("violations", "-")),
+                "yes" if r.get("certified") else "**no**",
+                f"{r.get('seconds', 0):.1f}",
+                r.get("detail", ""),
+            ]
+            for r in data["pathwise"]
+        ]
+        pathwise_header = [
+            "scheme",
+            "lowering",
+            "shapes",
+            "refused shapes",
+            "rows and streams compared",
+            "violations",
+            "certified",
+            "s",
+            "detail",
+        ]
+        agreement_rows = [
+            [
+                f"`{r['scheme']}`",
+                f"{r['rows']:,}",
+                str(r["differ"]),
+                "-" if not r["rows"] else f"{r['differ'] / r['rows']:.1e}",
+            ]
+            for r in data["agreement"]
+        ]
+        agreement_header = ["scheme", "rows", "rows whose tokens differ", "rate"]
         notes = "\n".join(f"- {n}" for n in data["notes"]) or "- none"
         quick = " **(`--quick`: a smoke test, not a result)**" if self.args.quick else ""
         return f"""# Torch backend on {self.env.get("device name", "?")}{quick}
@@ -290,18 +466,40 @@ Generated by `python benchmarks/gpu/run.py`; see `benchmarks/gpu/README.md`.
 {env_lines}
 - elapsed: {data["elapsed_s"]} s
 
-## CUDA tests
+## Goals
 
-{test_text}
+{self.goals(data["chains"])}
+
+## Path-wise on the device (float64)
+
+`specsampling.certify_torch([scheme], device=...)` one scheme at a time: mixed batches of every
+supported shape against the reference, verdict for verdict, every enumerated tree's verdicts
+against the reference's exact verdict law, refused shapes refused (keyed couplings: their
+streams against the reference's).
+
+{table(pathwise_header, pathwise_rows) if pathwise_rows else "not run"}
+
+## Float32 agreement
+
+Fuzzed chain rounds (γ = 4, V = 200, target logits 3 N(0, 1), draft logits those plus
+N(0, 1), drafts sampled from the draft) verified in float64 and, from the same float32-rounded
+tables and the same uniforms, in float32; a row differs only where a uniform lies within
+float32 rounding of a boundary (`tests/test_gpu_chain_float32.py` checks that on the CPU).
+
+{table(agreement_header, agreement_rows) if agreement_rows else "not run"}
 
 ## Chains (γ = {self.args.gamma}, float32)
 
 "verify" takes probabilities (validation off); "process + verify" starts from logits
-(`ssg.process` of both tables first). "copy floor" is a device-to-device copy of both
-probability tables (`[B, γ + 1, V]` and `[B, γ, V]`), timed in the same run; "floor / verify"
-is the share of that floor reached (goal for chains: >= 60%). "HF loop": Hugging Face
-`_speculative_sampling` once per sequence, from logits. "host sync": one process + verify call
-under `torch.cuda.set_sync_debug_mode("error")`.
+(`ssg.process` of both tables first), `verify_chain_logits` too (the same tokens, processing
+the rows its walk reads). "copy floor" is a device-to-device copy of both probability tables
+(`[B, γ + 1, V]` and `[B, γ, V]`), timed in the same run; "floor / verify" is the share of that
+floor reached (goal for chains: >= 60%). "HF loop": Hugging Face `_speculative_sampling` once
+per sequence, from logits. vLLM's `rejection_sample` takes vLLM's flattened layout: the draft's
+`[B γ, V]` probabilities and the target's `[B γ, V]` logits, whose softmax it forms (the bonus
+tokens drawn beforehand); "our vLLM adapter" is `ssg.process` of those logits and
+`specsampling.gpu.vllm.rejection_sample`, the same work. "host sync": one process + verify
+call under `torch.cuda.set_sync_debug_mode("error")`.
 
 {table(chain_header, chain_rows) if chain_rows else "not run"}
 
@@ -313,10 +511,41 @@ is branch-free, so its cost does not depend on what is accepted.
 
 {table(tree_header, tree_rows) if tree_rows else "not run"}
 
+## Decoding (random weights in the Qwen2.5 configurations)
+
+{data["decode"] or "not run"}
+
+## CUDA tests
+
+{test_text}
+
 ## Notes
 
 {notes}
 """
+
+    def goals(self, chains: list[dict[str, Any]]) -> str:
+        """The chain goals at the largest batch run for each vocabulary: `standard`'s share of
+        the copy floor (>= 60%) and FlashInfer's time over ours (>= 1)."""
+        lines = []
+        for vocab in sorted({r["V"] for r in chains}):
+            rows = [r for r in chains if r["V"] == vocab and r["scheme"] == "standard"]
+            if not rows:
+                continue
+            row = max(rows, key=lambda r: r["B"])
+            verify, floor = row.get("verify_s"), row.get("floor_s")
+            share = "-" if not verify else f"{100 * floor / verify:.0f}%"
+            flash = row.get("flashinfer_s")
+            versus = (
+                "FlashInfer not run"
+                if not flash or not verify
+                else (f"FlashInfer / ours {flash / verify:.2f}x (goal >= 1)")
+            )
+            lines.append(
+                f"- B = {row['B']}, V = {vocab:,}: `standard` verify reaches {share} of the copy "
+                f"floor's speed (goal >= 60%); {versus}"
+            )
+        return "\n".join(lines) or "- no chain rows"
 
     # ------------------------------------------------------------------ steps
     def environment(self, torch: Any, ssg: Any, top: Path | None) -> None:
@@ -345,6 +574,87 @@ is branch-free, so its cost does not depend on what is accepted.
             env["load average"] = ", ".join(f"{x:.2f}" for x in os.getloadavg())
         self.save()
 
+    def pathwise_step(self) -> None:
+        """Step 2: ``certify_torch`` on the device, one scheme at a time, within its budget."""
+        from specsampling import SCHEMES
+        from specsampling.certify_torch import certify_torch
+
+        names = self.args.pathwise_schemes or sorted(SCHEMES)
+        start = time.perf_counter()
+        for position, name in enumerate(names):
+            spent = time.perf_counter() - start
+            if spent > self.args.pathwise_s or self.remaining() < self.reserved() + 60:
+                self.notes.append(f"path-wise: skipped (budget): {', '.join(names[position:])}")
+                break
+            begun = time.perf_counter()
+            record: dict[str, Any] = {"scheme": name}
+            try:
+                report = certify_torch([name], device=self.args.device).schemes[0]
+            except Exception as error:  # recorded, never hidden
+                record.update(certified=False, detail=f"{type(error).__name__}: {error}"[:200])
+            else:
+                record.update(
+                    lowering=report.lowering,
+                    supported=len(report.supported),
+                    refused=len(report.refused),
+                    cases=report.cases,
+                    violations=len(report.violations),
+                    certified=report.certified,
+                    detail=(str(report.violations[0])[:200] if report.violations else report.note),
+                )
+            record["seconds"] = time.perf_counter() - begun
+            self.pathwise.append(record)
+            self.save()
+
+    def agreement_step(self, torch: Any, ssg: Any) -> None:
+        """Step 3: float32 against float64 verdicts on the same fuzzed rounds and uniforms."""
+        total, chunk = self.args.agreement_rows, min(self.args.agreement_rows, AGREEMENT_CHUNK)
+        for name in AGREEMENT_SCHEMES:
+            record = {"scheme": name, "rows": 0, "differ": 0}
+            for seed in range(max(1, total // chunk)):
+                if self.remaining() < self.reserved() + 60:
+                    self.notes.append(f"float32 agreement: `{name}` cut at {record['rows']} rows")
+                    break
+                rounds = fuzzed_rounds(torch, chunk, 1000 * len(name) + seed, self.args.device)
+                tokens, target, draft, accept, sample = rounds
+                noise = ssg.Noise(accept, sample)
+                exact = ssg.verify_chain(name, tokens, target, draft, noise, validate=False)
+                fast = ssg.verify_chain(
+                    name, tokens, target.float(), draft.float(), noise, validate=False
+                )
+                record["differ"] += int((exact.tokens != fast.tokens).any(-1).sum())
+                record["rows"] += chunk
+            self.agreement.append(record)
+            self.save()
+
+    def decoding(self, top: Path | None) -> None:
+        """Step 6: ``benchmarks/gpu/decode.py`` with its share of what is left."""
+        budget = min(self.args.decode_s, self.remaining() - MIN_TEST_S * (not self.args.skip_tests))
+        if budget < 45:
+            self.notes.append(f"decoding: skipped (budget: {budget:.0f} s left for it)")
+            return
+        out = self.out / "decode"
+        command = [sys.executable, str(ROOT / "benchmarks" / "gpu" / "decode.py"), str(out)]
+        command += ["--device", self.args.device, "--deadline-s", f"{budget - 15:.0f}"]
+        if self.args.quick:
+            command += ["--tiny", "--new-tokens", "10", "--prompt-tokens", "8"]
+        env = dict(os.environ)
+        if top is not None:
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(top), env.get("PYTHONPATH")]))
+        try:
+            done = subprocess.run(
+                command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=budget
+            )
+            if done.returncode:
+                self.notes.append(f"decoding: exit {done.returncode}: {done.stderr[-300:]!r}")
+        except subprocess.TimeoutExpired:
+            self.notes.append(f"decoding: timed out after {budget:.0f} s")
+        result = out / "decode.md"
+        if result.exists():
+            body = result.read_text()
+            self.decode = body.split("\n", 1)[1].strip() if body.startswith("# ") else body
+        self.save()
+
     def run_tests(self, top: Path | None) -> None:
         command = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider"]
         # one process, without the project's xdist options (the GPU image may lack pytest-xdist)
@@ -357,7 +667,7 @@ is branch-free, so its cost does not depend on what is accepted.
             command += ["-c", str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT)]
             command += [str(ROOT / path) for path in self.args.test_paths]
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(top), env.get("PYTHONPATH")]))
-        timeout = max(10.0, min(self.args.test_timeout, self.remaining() - 60))
+        timeout = max(10.0, min(self.args.test_timeout, self.remaining() - 10))
         start = time.perf_counter()
         self.tests = {"command": " ".join(command[1:]), "timeout_s": timeout}
         try:
@@ -388,22 +698,24 @@ is branch-free, so its cost does not depend on what is accepted.
             self.notes.append(f"chains: `{name}` not timed: {why}")
         hf, hf_note = hugging_face()
         fi, fi_note = flashinfer_chain(torch)
-        adapter = our_flashinfer_adapter()
-        self.notes += [f"chains: {hf_note}", f"chains: {fi_note}"]
+        vl, vl_note = vllm_rejection(torch)
+        adapters = our_flashinfer_adapter(), our_vllm_adapter()
+        self.notes += [f"chains: {hf_note}", f"chains: {fi_note}", f"chains: {vl_note}"]
         self.fi_first = True
         for vocab in args.vocabs:
             for batch in args.batches:
-                if self.remaining() < 30:
+                if self.remaining() < self.reserved() + 30:
                     self.notes.append(f"chains: B={batch}, V={vocab} skipped (deadline)")
                     continue
-                self.chain_config(torch, ssg, timer, usable, (hf, fi, adapter), batch, vocab)
+                peers = hf, fi, vl, *adapters
+                self.chain_config(torch, ssg, timer, usable, peers, batch, vocab)
 
     def chain_config(self, torch, ssg, timer, usable, peers, batch, vocab) -> None:
         """Every usable chain scheme and the peers at one size."""
         from common import chain_logits
 
         args, device = self.args, self.args.device
-        hf, fi, adapter = peers
+        hf, fi, vl, adapter, vllm_adapter = peers
         label = f"B={batch} V={vocab}"
         target_logits, draft_logits, draft_tokens = chain_logits(
             batch, args.gamma, vocab, seed=0, device=device
@@ -445,6 +757,18 @@ is branch-free, so its cost does not depend on what is accepted.
             shared["adapter_s"] = self.guarded(
                 f"adapter {label}", timer, lambda: adapter(draft, draft_tokens, target)
             )
+        if vl is not None or vllm_adapter is not None:
+            layout = vllm_layout(torch, draft, target, target_logits, draft_tokens)
+            if vl is not None:
+                shared["vllm_s"] = self.guarded(f"vLLM {label}", timer, lambda: vl(*layout))
+            if vllm_adapter is not None:
+
+                def ours_vllm():  # the same work: the target rows' softmax, then the verdicts
+                    target_rows = ssg.process(layout[5], validate=False)  # [B γ, V]
+                    return vllm_adapter(*layout[:5], target_rows, layout[6], validate=False)
+
+                shared["vllm_adapter_s"] = self.guarded(f"vLLM adapter {label}", timer, ours_vllm)
+        from_logits = getattr(ssg, "verify_chain_logits", None)
         for name, path, run in usable:
             record = {"scheme": name, "path": path, "B": batch, "V": vocab, **shared}
 
@@ -456,8 +780,13 @@ is branch-free, so its cost does not depend on what is accepted.
                 d = ssg.process(draft_logits, validate=False)  # [B, γ, V]
                 return run(draft_tokens, t, d)
 
+            def logits(name=name):
+                return from_logits(name, draft_tokens, target_logits, draft_logits, validate=False)
+
             record["verify_s"] = self.guarded(f"{name} {label}", timer, verify)
             record["process_verify_s"] = self.guarded(f"{name} full {label}", timer, full)
+            if from_logits is not None:
+                record["logits_s"] = self.guarded(f"{name} logits {label}", timer, logits)
             record["sync"] = sync_check(torch, device, full)
             self.chains.append(record)
             self.save()
@@ -479,7 +808,7 @@ is branch-free, so its cost does not depend on what is accepted.
             ]
             for vocab in args.vocabs:
                 for batch in args.batches:
-                    if self.remaining() < 20:
+                    if self.remaining() < self.reserved() + 20:
                         self.notes.append(
                             f"trees: {shape!r} B={batch} V={vocab} skipped (deadline)"
                         )
@@ -505,17 +834,28 @@ is branch-free, so its cost does not depend on what is accepted.
             def verify(name=name):
                 return ssg.verify(name, tree_batch, target, draft, None, validate=False)
 
-            self.trees.append(
-                {
-                    "scheme": name,
-                    "shape": repr(shape),
-                    "B": batch,
-                    "V": vocab,
-                    "floor_s": floor,
-                    "verify_s": self.guarded(f"tree {name} B={batch} V={vocab}", timer, verify),
-                    "sync": sync_check(torch, device, verify),
-                }
-            )
+            label = f"tree {name} {shape!r} B={batch} V={vocab}"
+            if name in self.tree_calls:  # a slow rule: skip sizes its last call says won't fit
+                seconds, elements = self.tree_calls[name]
+                predicted = seconds * batch * vocab / elements
+                if predicted > TREE_CALL_CAP_S:
+                    self.notes.append(f"{label}: not timed (about {predicted:.0f} s a call)")
+                    continue
+            record = {"scheme": name, "shape": repr(shape), "B": batch, "V": vocab}
+            record["floor_s"] = floor
+            timer.sync()
+            start = time.perf_counter()
+            failed = self.guarded(label, lambda f: (f(), timer.sync(), 1)[-1], verify) is None
+            seconds = time.perf_counter() - start
+            if failed:
+                record.update(verify_s=None, sync="-")
+            elif seconds < TREE_SLOW_CALL_S:  # fast: warm-up, trials, the sync check
+                record["verify_s"] = self.guarded(label, timer, verify)
+                record["sync"] = sync_check(torch, device, verify)
+            else:  # slow: that one call
+                record.update(verify_s=seconds, sync="timed once")
+                self.tree_calls[name] = (seconds, batch * vocab)
+            self.trees.append(record)
             self.save()
 
     def guarded(self, label: str, timer: Any, fn: Any) -> float | None:
@@ -532,18 +872,25 @@ def main() -> None:
     parser.add_argument("out_dir", help="directory for results.md, results.json, pytest-cuda.txt")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test")
-    parser.add_argument("--skip-tests", action="store_true", help="benchmarks only")
+    parser.add_argument("--skip-tests", action="store_true", help="no CUDA test step")
+    parser.add_argument("--skip-decode", action="store_true", help="no decoding step")
     parser.add_argument("--gamma", type=int, default=8)
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 32, 64])
-    parser.add_argument("--vocabs", type=int, nargs="+", default=[32_000, 128_000])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 64, 256])
+    parser.add_argument("--vocabs", type=int, nargs="+", default=[32_000, 151_936])
     parser.add_argument("--structure-vocab", type=int, default=2_000)
+    parser.add_argument("--pathwise-schemes", nargs="+", help="default: every scheme")
+    parser.add_argument("--pathwise-s", type=float, default=90.0, help="path-wise step budget")
+    parser.add_argument("--agreement-rows", type=int, default=1_000_000, help="per scheme")
+    parser.add_argument("--decode-s", type=float, default=120.0, help="decoding step budget")
     parser.add_argument("--test-paths", nargs="+", default=["tests/"], help="relative to root")
     parser.add_argument("--test-timeout", type=float, default=240.0)
-    parser.add_argument("--deadline-s", type=float, default=540.0, help="whole-run budget")
+    parser.add_argument("--deadline-s", type=float, default=480.0, help="whole-run budget")
     parser.add_argument("--force-overlay", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.quick:
         args.batches, args.vocabs, args.gamma, args.structure_vocab = [1, 4], [1_000], 4, 200
+        args.pathwise_schemes = args.pathwise_schemes or ["standard", "block", "gumbel"]
+        args.agreement_rows = min(args.agreement_rows, 2_000)
     run = Run(args)
     try:
         import torch
@@ -555,12 +902,18 @@ def main() -> None:
 
         torch.manual_seed(0)
         run.environment(torch, ssg, top)
+        run.pathwise_step()
+        run.agreement_step(torch, ssg)
+        run.chain_benchmarks(torch, ssg)
+        run.tree_benchmarks(torch, ssg, ss)
+        if args.skip_decode:
+            run.decode = "skipped (--skip-decode)"
+        else:
+            run.decoding(top)
         if args.skip_tests:
             run.tests = {"summary": "skipped (--skip-tests)"}
         else:
             run.run_tests(top)
-        run.chain_benchmarks(torch, ssg)
-        run.tree_benchmarks(torch, ssg, ss)
     except Exception:
         run.notes.append("run aborted: " + traceback.format_exc().replace("\n", " | "))
         run.save()
