@@ -89,7 +89,10 @@ How each step is computed:
   to float32: :func:`_kept_divisor`), which every route knows from its own integer sums; it is a
   function of the kept set alone, so a row's values are the same bit for bit on every route, in
   any batch and on any device (row-local: a row processed alone equals its row of the table), and
-  it is the kept mass to within ``V`` units of :math:`2^{-s}`, closer than a float32 sum. The
+  it is the kept mass to within ``V`` units of :math:`2^{-s}`, closer than a float32 sum. A row
+  with top-k and top-p off stays the softmax itself, undivided, beside rows that cut too
+  (:func:`_whole_rows`), and each row's temperature picks its own softmax formula
+  (:func:`_softmax`), so no row depends on its neighbours' settings either. The
   dropped tokens are zeroed in place, ``p / d * (p >= v)`` chunk by chunk of rows through one
   reused buffer (``v`` the last kept value, ``d`` the divisor), then the rows cut inside a tie
   group by their own masks; where the partial sort decides the rows of a checked table (all but an
@@ -196,7 +199,8 @@ def process(
         device keeps the same tokens, which differ from float64's only where a cumulative mass
         lies within float32 rounding of the threshold, and divides each row's kept
         probabilities by their integer mass (so a row's values are the same bit for bit alone
-        or in any batch). With a known ``k < V`` on every row, top-p is counted inside the
+        or in any batch, whatever its neighbours' temperatures and cuts; a row with nothing
+        cut stays its softmax). With a known ``k < V`` on every row, top-p is counted inside the
         top-``k`` set (the same tokens up to that rounding).
 
     Raises
@@ -235,6 +239,8 @@ def process(
     dtype = torch.float64 if exact else torch.float32
     buffer = None if out is None else _check_out(out, logits, dtype).view(-1, vocab_size)
     x = logits.to(dtype).reshape(-1, vocab_size)  # [R, V]
+    if x.stride(-1) != 1:  # a column-major table: the in-place softmaxes below need rows
+        x = x.contiguous()
     temperature = _Parameter.parse(temperature, "temperature", batch_shape, x.device)
     top_k = _Parameter.parse(top_k, "top_k", batch_shape, x.device)
     top_p = _Parameter.parse(top_p, "top_p", batch_shape, x.device)
@@ -253,10 +259,15 @@ def process(
     else:
         probs = _softmax(x, temperature, greedy, buffer, row_max)  # [R, V], new or `buffer`
         kept = _keep(probs, top_k, top_p, validate)  # or None: every token kept
+        whole = None if exact or kept is None else _whole_rows(top_k, top_p, vocab_size)
         if kept is not None:
+            if whole is not None and kept.mass is not None:  # those rows divided by exactly 1
+                unit = torch.ones_like(kept.mass) << _fixed_shift(vocab_size)  # [R]
+                kept = kept._replace(mass=torch.where(whole, unit, kept.mass))
             _zero_dropped(probs, kept)  # in place; divided by the kept mass where it is known
         if (kept is not None and kept.mass is None) or exact:  # float64: as the reference does
-            probs.div_(_row_sum(probs))
+            sums = _row_sum(probs)  # [R, 1]
+            probs.div_(sums if whole is None else torch.where(whole[:, None], 1.0, sums))
     if not (temperature.host and temperature.host_min > 0):  # some rows may be T = 0
         top = ops.argmax_blocks(x)[:, None]  # [R, 1]
         probs.masked_fill_(greedy, 0.0)  # [R, V], in place: a one-hot on greedy rows
@@ -395,11 +406,14 @@ def _softmax(
     ``x``'s dtype (validation's read of it), spares the pass that finds it.
 
     Float64 mirrors the reference step by step (subtract, divide, ``exp``, divide by the pairwise
-    row sum). Below float64 it is one buffer and a fused softmax: ``softmax(x)`` for a host
-    ``T = 1``; ``softmax(x / T)`` for a host ``T > 1`` (``|x / T| <= |x|``: no overflow, no loss
-    of precision beyond the input's own); otherwise ``(x - max x) / T`` first, in place, so that a
-    tiny temperature cannot overflow to ``inf - inf`` and the scaled differences keep their
-    precision.
+    row sum). Below float64 it is one buffer and a fused softmax, each row by its own
+    temperature alone (so a row's probabilities do not depend on its neighbours'):
+    ``softmax(x)`` at ``T = 1``; ``softmax(x / T)`` for ``T > 1`` (``|x / T| <= |x|``: no
+    overflow, no loss of precision beyond the input's own; ``x / 1`` is ``x``); for ``T < 1``
+    ``(x - max x) / T`` first, so that a tiny temperature cannot overflow to ``inf - inf`` and
+    the scaled differences keep their precision. Temperatures known on the host to be one value
+    take the one formula; otherwise each row subtracts its maximum where its ``T < 1`` and 0
+    (exactly ``x``) elsewhere.
     """
     fixed = temperature.host and temperature.host_min == temperature.host_max
     if x.dtype != torch.float64 and fixed:
@@ -409,7 +423,13 @@ def _softmax(
             scaled = torch.div(x, temperature.host_min, out=out)  # [R, V]
             return torch._softmax(scaled, -1, False, out=scaled)
     divisor = _divisor(x, temperature, greedy)  # [R, 1]
+    if x.dtype != torch.float64 and temperature.host and temperature.host_min >= 1:
+        scaled = torch.div(x, divisor, out=out)  # [R, V]: every row T >= 1 (or greedy)
+        return torch._softmax(scaled, -1, False, out=scaled)
     top = x.amax(-1, keepdim=True) if row_max is None else row_max  # [R, 1]
+    if x.dtype != torch.float64 and not fixed:  # only the rows with T < 1 subtract their max
+        below = (temperature.rows[:, None] < 1) & ~greedy  # [R, 1]
+        top = torch.where(below, top, torch.zeros_like(top))  # [R, 1]
     scaled = torch.sub(x, top, out=out).div_(divisor)  # [R, V]
     if x.dtype != torch.float64:
         return torch._softmax(scaled, -1, False, out=scaled)
@@ -527,6 +547,16 @@ def _keep(
     return _Kept(None, masks=masks, mass=mass)
 
 
+def _whole_rows(top_k: _Parameter, top_p: _Parameter, vocab_size: int) -> torch.Tensor | None:
+    """Below float64, the rows whose top-k and top-p are both off, ``[R]`` bool, or None where
+    the host values say there are none: those rows keep every token and stay the softmax as it
+    is, undivided, as they are when processed alone (where no row cuts, nothing is divided), so
+    a row's probabilities do not depend on its neighbours' settings."""
+    if (top_k.host and top_k.host_max < vocab_size) or (top_p.host and top_p.host_max < 1):
+        return None
+    return (top_k.rows >= vocab_size) & (_top_p_masses(top_p) == math.inf)  # [R]
+
+
 def _reads_are_free(device: torch.device) -> bool:
     """Whether a host read of a tensor on ``device`` needs no device synchronisation (the CPU):
     there ``validate=False`` keeps the partial sort and its host reads."""
@@ -604,8 +634,8 @@ def _top_p_with_fallback(
     :func:`_bound_block` sums, if formed (for :func:`_escalate`'s bound). ``ids [R, m]``: the
     token ids of ``values`` (or None); where every row is decided, none is cut inside a tie
     group and none keeps everything, the result names each row's kept tokens by them
-    (``_Kept.ids``). One host read: the rows' flags (and, below float64, the integer totals of
-    the rows that keep everything, whose mass the prefix does not hold)."""
+    (``_Kept.ids``). Below float64 a row that keeps everything gets the mass ``2 ** s`` (a
+    divisor of exactly 1: :func:`_whole_rows`). One host read: the rows' flags."""
     vocab_size = probs.shape[-1]
     last_value, num_kept, decided, partial, mass = _top_p_prefix(
         probs, counts, masses, values, valid, band
@@ -618,9 +648,9 @@ def _top_p_with_fallback(
     prefix = values.shape[-1]
     if nucleus and rows and len(rows) == len(probs):  # none decided: more ranks, or the radix
         return _escalate(probs, counts, masses, band, sums, prefix)
-    if mass is not None and whole_rows:  # their mass is the row's integer total
+    if mass is not None and whole_rows:  # divided by exactly 1: the softmax row, as alone
         index = torch.tensor(whole_rows, device=probs.device)  # [U]
-        mass = mass.index_copy(0, index, _fixed(probs[index], vocab_size).sum(-1))
+        mass = mass.index_fill(0, index, 1 << _fixed_shift(vocab_size))
     # the kept tokens by ids: every row but a few (those the prefix does not decide, or cuts
     # inside a tie group) decided, and those few masked before the table is zeroed
     by_ids = ids is not None and not whole_rows
@@ -945,7 +975,7 @@ def _keep_nucleus(probs: torch.Tensor, masses: torch.Tensor) -> _Kept:
     scaled_buffer = torch.empty(step, vocab_size, dtype=probs.dtype, device=probs.device)
     chosen_buffer = torch.empty(step, vocab_size, dtype=torch.bool, device=probs.device)
     scale = 2.0 ** _fixed_shift(vocab_size)
-    counts, flats, aboves, thresholds, totals = [], [], [], [], []
+    counts, flats, aboves, thresholds = [], [], [], []
     for start in range(0, num_rows, step):
         chunk = probs[start : start + step]  # [c, V]
         size = len(chunk)
@@ -971,7 +1001,6 @@ def _keep_nucleus(probs: torch.Tensor, masses: torch.Tensor) -> _Kept:
         above = total[:, 0] - below.gather(-1, boundary.clamp(min=0)[:, None])[:, 0]  # [c]
         aboves.append(above)  # the mass of the keys above the boundary
         thresholds.append(threshold)
-        totals.append(total[:, 0])
         chosen = torch.eq(narrow, boundary.to(int_dtype)[:, None], out=chosen_buffer[:size])
         where = chosen.nonzero()  # [n, 2], row-major: each row's boundary tokens in token order
         counts.append(torch.bincount(where[:, 0], minlength=size))  # (a bool sum costs more)
@@ -988,7 +1017,8 @@ def _keep_nucleus(probs: torch.Tensor, masses: torch.Tensor) -> _Kept:
     last_value = table.gather(-1, (num_kept - 1).clamp(min=0)[:, None])  # [R, 1]
     last_value = torch.where(valid[:, None] == 0, -1.0, last_value)  # top-p off: keep all
     mass = cumulative.gather(-1, (num_kept - 1).clamp(min=0)[:, None])[:, 0]  # [R]: kept
-    mass = torch.where(valid == 0, torch.cat(totals), mass)  # top-p off: the row's total
+    unit = 1 << _fixed_shift(vocab_size)  # top-p off: a divisor of exactly 1 (_whole_rows)
+    mass = torch.where(valid == 0, unit, mass)
     room = num_kept - (table > last_value).sum(-1)  # [R]: the tokens equal to v that are kept
     cut = (valid > 0) & (room < (table == last_value).sum(-1))  # [R]
     rows = cut.nonzero()[:, 0].tolist()  # the host read: rows whose tie group at v is cut

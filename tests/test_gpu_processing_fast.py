@@ -533,7 +533,7 @@ def test_float32_top_p_values_are_divided_by_the_kept_integer_mass(vocab_size, m
     the kept set alone): every route (radix select, peaked rows' partial sort writing the kept
     tokens by id, with undecided rows masked, the threshold pass, the full sort) gives the
     independently spelled-out values bit for bit, per-row top_p with top-p off on some rows
-    included."""
+    included (those rows the softmax itself, undivided, as when processed alone)."""
     monkeypatch.setattr(processing, "_PEAKED_PREFIX", 8)  # some peaked rows left undecided
     x = mixed_top_p_rows(vocab_size, seed=1)
     probs = torch.softmax(x, -1).numpy()
@@ -542,10 +542,10 @@ def test_float32_top_p_values_are_divided_by_the_kept_integer_mass(vocab_size, m
         row_p = top_p if isinstance(top_p, list) else [top_p] * len(x)
         expected = np.stack(
             [
-                mass_divided(row, integer_nucleus(row, p) if p not in (None, 1.0) else row >= 0)
+                row if p in (None, 1.0) else mass_divided(row, integer_nucleus(row, p))
                 for row, p in zip(probs, row_p, strict=True)
             ]
-        )  # top-p off (None, 1.0): every token kept, divided by the row's integer total
+        )  # top-p off (None, 1.0): the softmax row, untouched
         for masked_share in [processing._MASKED_SHARE, 1.0, -1.0]:  # by ids where it may
             monkeypatch.setattr(processing, "_MASKED_SHARE", masked_share)
             for got in [process(x, 1.0, None, top_p), process(x, 1.0, None, top_p, validate=False)]:
@@ -621,6 +621,57 @@ def test_float32_top_p_is_row_local_bit_for_bit(vocab_size):
             assert torch.equal(alone[0], table[row]), (top_p, row)
             pair = process(x[row : row + 2], 0.8, None, per_row[row : row + 2])
             assert torch.equal(pair[0], table[row]), (top_p, row)
+
+
+def test_float32_rows_do_not_depend_on_their_neighbours_settings():
+    """A row's probabilities below float64 are the same bit for bit alone or beside rows of
+    other settings: a row with top-k and top-p off is the softmax itself, undivided, whatever
+    its neighbours cut (it was divided by its integer total, or by its row sum, beside rows
+    that cut), and a row's temperature decides its formula alone (a T >= 1 row beside T < 1
+    rows was shifted by its maximum, which moved its last bits)."""
+    vocab_size = 5000
+    x = mixed_top_p_rows(vocab_size, seed=4)[:4]
+    for top_p in [None, 0.9]:
+        for temperature in [1.0, 1.5, 0.7]:
+            alone = process(x[:1], temperature, None, top_p)
+            assert torch.equal(alone[0], process(x[:1], [temperature], None, [top_p])[0])
+            neighbours = [
+                (temperature, None, [top_p, 0.9, 0.5, None]),  # top-p on beside it
+                (temperature, torch.tensor([vocab_size, 50, 7, vocab_size]), top_p),  # top-k
+                ([temperature, 0.7, 2.0, 0.3], None, top_p),  # other temperatures
+                (torch.tensor([temperature, 0.5, 1.0, 3.0]), None, [top_p, 0.9, None, 0.3]),
+            ]
+            for settings in neighbours:
+                got = process(x, *settings)[0]
+                assert torch.equal(got, alone[0]), (top_p, temperature, settings)
+    plain = process(x, 1.0, None, [None, 0.9, None, 0.5])
+    assert torch.equal(plain[0], torch.softmax(x[0], -1))  # off rows: the softmax row itself
+    assert torch.equal(plain[2], torch.softmax(x[2], -1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_column_major_logits_give_the_contiguous_result(dtype):
+    """Logits whose rows are not contiguous in memory (a transposed table, a permuted batch)
+    give the probabilities of their contiguous copy bit for bit on every route: the softmax
+    written in place into a column-major buffer scrambled rows below float64."""
+    g = torch.Generator().manual_seed(5)
+    table = (torch.randn(300, 6, generator=g) * 3).to(dtype).T  # [6, 300], strides (1, 6)
+    batch = (torch.randn(300, 2, 3, generator=g) * 3).to(dtype).permute(1, 2, 0)  # [2, 3, 300]
+    for logits in (table, batch):
+        assert not logits.is_contiguous()
+        for temperature, top_k, top_p in [
+            (0.7, None, None),
+            (1.5, None, None),
+            (1.0, None, 0.9),
+            (0.001, None, 0.9),
+            (0.8, 50, 0.9),
+            (0.8, 400, 0.5),
+            ([0.5, 1.3, 0.0, 1.0, 2.0, 0.9][: logits.shape[-2]], None, 0.8),
+        ]:
+            want = process(logits.contiguous(), temperature, top_k, top_p)
+            got = process(logits, temperature, top_k, top_p)
+            assert torch.equal(got, want), (logits.shape, temperature, top_k, top_p)
+            assert not got.isnan().any()
 
 
 def test_radix_select_splits_few_long_rows_into_pieces_exactly():
