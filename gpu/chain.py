@@ -159,17 +159,21 @@ def padded_tables(
     draft_probs: torch.Tensor | None,  # [B, γ, V]
     dtype: torch.dtype | None = None,
 ) -> ChainTables:
-    """The :class:`ChainTables` of the padded chain layout (views, no copy when contiguous),
-    computing in ``dtype`` (by default :func:`~specsampling.gpu.ops.compute_dtype` of the
-    tables). Row ``b``, lane ``i`` is flat row ``b (γ + 1) + i`` of the target and ``b γ + i``
-    of the draft: each index table is one ``arange``."""
+    """The :class:`ChainTables` of the padded chain layout (views, no copy when each row is
+    contiguous), computing in ``dtype`` (by default :func:`~specsampling.gpu.ops.compute_dtype`
+    of the tables). Row ``b``, lane ``i`` is flat row ``b (γ + 1) + i`` of the target and
+    ``b γ + i`` of the draft: each index table is one ``arange``. A table whose rows are not
+    contiguous (a column-major one) is copied to rows first: a float32 sum along a strided row
+    adds in another order, and greedy's draft masses and the sync-free routes' block sums would
+    move by an ulp with the caller's layout."""
     batch_size, gamma = draft_tokens.shape
     device = draft_tokens.device
     real = torch.arange(gamma, device=device) < num_drafts[:, None]  # [B, γ]
     vocab = target_probs.shape[-1]
+    target_probs = _rows(target_probs)
     draft_flat = draft_index = None
     if draft_probs is not None:
-        draft_flat = draft_probs.reshape(batch_size * gamma, vocab)  # [B γ, V]
+        draft_flat = _rows(draft_probs).reshape(batch_size * gamma, vocab)  # [B γ, V]
         draft_index = torch.arange(batch_size * gamma, device=device).view(batch_size, gamma)
     if dtype is None:
         dtype = ops.compute_dtype(target_probs, *(() if draft_probs is None else (draft_probs,)))
@@ -185,6 +189,11 @@ def padded_tables(
         bonus_tokens=None,
         dtype=dtype,
     )
+
+
+def _rows(table: torch.Tensor) -> torch.Tensor:
+    """``table``, or a copy whose last axis is contiguous where it is not."""
+    return table if table.stride(-1) == 1 else table.contiguous()
 
 
 def residual_weights(

@@ -1363,3 +1363,38 @@ def test_host_draws_decline_tables_numpy_cannot_read() -> None:
         assert torch.equal(ops.categorical_blocks_or(weights, fallback, use, u), expected)
         empty = torch.zeros_like(weights[0])  # no mass: draw_one_or draws from the fallback
         assert ops.draw_one_or(empty, fallback[0], 0.3) == int(expected[0])
+
+
+@pytest.mark.parametrize("batch", [2, 8])  # the host route and the batched one
+def test_column_major_tables_verify_as_their_contiguous_copies(batch: int) -> None:
+    """Tables whose rows are not contiguous in memory (column-major) give the tokens of their
+    contiguous copies, bit for bit, even with a uniform on the float32 accept boundary: greedy's
+    draft masses were summed along the strided rows on the batched route, an ulp off the
+    contiguous sums on some rows, which flipped tests next to the boundary."""
+    gamma, vocab = 1, 5000
+    gen = torch.Generator().manual_seed(0)
+    logits = 3 * torch.randn(batch, gamma + 1, vocab, generator=gen, dtype=torch.float64)
+    target = logits.softmax(-1).float()
+    noise_logits = torch.randn(batch, gamma, vocab, generator=gen, dtype=torch.float64)
+    draft = (logits[:, :gamma] + noise_logits).softmax(-1).float()
+    tokens = torch.multinomial(draft.double().reshape(-1, vocab), 1, generator=gen)
+    tokens = tokens.reshape(batch, gamma)
+    column_major = draft.reshape(-1, vocab).T.contiguous().T.reshape(batch, gamma, vocab)
+    column_major_target = target.permute(2, 1, 0).contiguous().permute(2, 1, 0)
+    assert torch.equal(column_major, draft) and column_major.stride(-1) != 1
+    assert torch.equal(column_major_target, target) and column_major_target.stride(-1) != 1
+    # q'(x) as the contiguous rows give it, and uniforms on its accept boundary p(x) / q'(x)
+    q_x = draft[:, 0].gather(-1, tokens).squeeze(-1) / draft[:, 0].sum(-1)  # [B]
+    p_x = target[:, 0].gather(-1, tokens).squeeze(-1)  # [B]
+    boundary = (p_x.double() / q_x.double()).clamp(max=0.5)  # [B]
+    differ = 0
+    for step in range(-24, 25):
+        accept = torch.full((batch, gamma + 1), 0.5, dtype=torch.float64)
+        accept[:, 1] = boundary * (1 + step * 2.0**-52)
+        sample = torch.full((batch, gamma + 1), 0.5, dtype=torch.float64)
+        noise = ssg.Noise(accept, sample)
+        for name in ("greedy", "standard", "block", "nss"):
+            want = ssg.verify_chain(name, tokens, target, draft, noise, validate=False)
+            got = ssg.verify_chain(name, tokens, column_major_target, column_major, noise)
+            differ += int((want.tokens != got.tokens).any(-1).sum())
+    assert differ == 0
