@@ -270,6 +270,20 @@ def test_custom_generate_greedy_and_refusals(pair):
             repetition_penalty=1.5,
             max_new_tokens=3,
         )
+    # what it cannot honour is refused, not dropped: beams, a dict of scores
+    for refused, name in [
+        ({"num_beams": 3, "do_sample": False}, "num_beams"),
+        ({"return_dict_in_generate": True, "output_scores": True}, "return_dict_in_generate"),
+    ]:
+        with pytest.raises(ValueError, match=name):
+            target.generate(
+                input_ids=ids[:1, -5:],
+                custom_generate=hf_generate,
+                draft_model=draft,
+                max_new_tokens=3,
+                pad_token_id=0,
+                **refused,
+            )
 
 
 def test_custom_generate_assistant_model(pair, tmp_path, monkeypatch):
@@ -418,6 +432,15 @@ def test_max_new_tokens_and_eos_exact(pair):
         assert tail[:stop] == expected[row][:stop]
         assert tail[stop:] == [63] * (len(tail) - stop)
     assert dec.generate(ids, attention_mask=mask, max_new_tokens=0).sequences.shape == ids.shape
+    # no pad id and several EOS ids: finished rows pad with the first one given, as transformers
+    # does (not the smallest)
+    first = max(set(range(target.config.vocab_size)) - {t for e in expected for t in e})
+    out = dec.generate(
+        ids, attention_mask=mask, max_new_tokens=12, temperature=0, eos_token_id=[first, eos]
+    )
+    for row, stop in enumerate(cut):
+        tail = out.sequences[row, ids.shape[1] :].tolist()
+        assert tail[stop:] == [first] * (len(tail) - stop)
 
 
 # ----------------------------------------------------------------------------- bad input

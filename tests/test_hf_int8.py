@@ -106,3 +106,5 @@ def test_refusals():
     for bad in (-1, True, 2.5):
         with pytest.raises(ValueError, match="max_rows"):
             quantize_int8(torch.nn.Linear(4, 4), max_rows=bad)
+    with pytest.raises(ValueError, match="model: int8 weight-only quantisation takes float32"):
+        quantize_int8(torch.nn.Linear(4, 4).double())  # torch's int8 kernel would fail later

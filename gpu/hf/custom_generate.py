@@ -90,6 +90,18 @@ def generate(
             "takes assistant_model"
         )
     config = generation_config if generation_config is not None else model.generation_config
+    for name in ("num_beams", "num_beam_groups"):
+        if (getattr(config, name, None) or 1) > 1:
+            raise ValueError(
+                f"{name}: beam search is not speculative sampling; speculative decoding here "
+                f"keeps {name}=1 (greedy with do_sample=False, or sampling)"
+            )
+    if getattr(config, "return_dict_in_generate", False):
+        raise ValueError(
+            "return_dict_in_generate: speculative decoding here returns the sequences only "
+            "(no scores, logits, attentions or hidden states); SpeculativeDecoder.generate "
+            "returns its own record with the rounds' statistics"
+        )
     unsupported = sorted(
         {type(p).__name__ for p in (logits_processor or ())} - _PROCESSORS
         | {type(c).__name__ for c in (stopping_criteria or ())} - _CRITERIA

@@ -72,7 +72,7 @@ from .attention import check_causal_lm
 from .drafters import Drafter, NGramDraft, Proposal, as_drafter
 from .lengths import DraftLength, check_adaptive
 from .model_draft import LayerSkipDraft, vocab_size
-from .state import DecodeState, check_prompt, eos_set
+from .state import DecodeState, check_prompt, eos_set, first_eos
 from .verification import KeyedVerification, TreeVerification, verification_for
 
 
@@ -273,8 +273,8 @@ class SpeculativeDecoder:
         process(torch.zeros(1, 2), temperature, top_k, top_p)  # the parameters' own checks
         keys = self.verification.check_key(key, window, prompt.shape[0])
         eos = eos_set(eos_token_id, vocab)
-        if pad_token_id is None:
-            pad_token_id = min(eos) if eos else 0
+        if pad_token_id is None:  # transformers' default: the first EOS id given
+            pad_token_id = first_eos(eos_token_id) if eos else 0
         elif isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int):
             raise ValueError(f"pad_token_id: expected an integer id, got {pad_token_id!r}")
         if streamer is not None and prompt.shape[0] != 1:

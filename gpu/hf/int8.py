@@ -97,6 +97,12 @@ def quantize_int8(model: Any, max_rows: int = MAX_ROWS) -> Any:
     max_rows = check_positive_int(max_rows, "max_rows", 0)
     if not hasattr(torch, "_weight_int8pack_mm"):
         raise RuntimeError("quantize_int8 needs torch._weight_int8pack_mm (torch >= 2.4)")
+    widths = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    if widths - {torch.float32, torch.float16, torch.bfloat16}:
+        raise ValueError(
+            f"model: int8 weight-only quantisation takes float32, float16 or bfloat16 weights "
+            f"(torch's int8 kernel), got {sorted(str(w) for w in widths)}"
+        )
     shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
     made = copy.deepcopy(model, memo=shared)  # the module tree copied, the tensors shared
     for module in list(made.modules()):

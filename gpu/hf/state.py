@@ -254,6 +254,16 @@ def check_prompt(
     return ids.to(device=device, dtype=torch.long), mask.to(device)
 
 
+def first_eos(eos_token_id: Any) -> int:
+    """The first id of ``eos_token_id`` (an id, a sequence or a tensor of ids, already checked by
+    :func:`eos_set`), which transformers pads finished rows with when no pad id is set."""
+    if isinstance(eos_token_id, torch.Tensor):
+        return int(eos_token_id.flatten()[0])
+    if isinstance(eos_token_id, Iterable):
+        return int(next(iter(eos_token_id)))
+    return int(eos_token_id)
+
+
 def eos_set(eos_token_id: Any, vocab_size: int) -> frozenset[int]:
     """``eos_token_id`` (``None``, an id, a sequence or a tensor of ids, each in
     ``[0, vocab_size)``) as a set."""
@@ -279,4 +289,5 @@ __all__ = [
     "DecodeState",
     "check_prompt",
     "eos_set",
+    "first_eos",
 ]
