@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 from collections import Counter
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -424,7 +425,7 @@ def test_max_new_tokens_and_eos_exact(pair):
         max_new_tokens=12,
         temperature=0,
         eos_token_id=eos,
-        pad_token_id=63,
+        pad_token_id=np.int64(63),  # numpy ids as the other arguments
     )
     assert out.num_generated == tuple(cut)
     for row, stop in enumerate(cut):

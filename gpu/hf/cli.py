@@ -40,6 +40,7 @@ from specsampling.gpu.hf import (
     quantize_int8,
 )
 from specsampling.gpu.hf import models as _models
+from specsampling.gpu.hf.lengths import check_adaptive
 from specsampling.gpu.hf.verification import verification_for
 from specsampling.tree import grafted_law
 from specsampling.validation import check_output_dir
@@ -347,6 +348,21 @@ def _decode(args: argparse.Namespace) -> int:
             f"--shape: --draft-length, --confidence and --mixed draft chains; got {args.shape!r} "
             "(use 'chain(k)')"
         )
+    # The scheme against the shape, the key and the adaptive options, before any model loads.
+    verification = verification_for(args.scheme, args.shape)
+    if args.draft != "ngram":  # a draft model, or none: trees sampled by the shape's law
+        verification.check_law(None, "--draft")
+    try:
+        verification.check_key(args.key, None, 1)
+    except ValueError as error:
+        raise ValueError(f"--key: {str(error).removeprefix('key: ')}") from None
+    for option, used in (
+        ("--draft-length", args.draft_length != "fixed"),
+        ("--confidence", args.confidence is not None),
+        ("--mixed", args.mixed),
+    ):
+        if used:
+            check_adaptive(verification, option)
     length: Any = None
     if args.draft_length == "heuristic":
         length = HeuristicLength(max_length=max(args.max_draft_length, args.shape.depth))

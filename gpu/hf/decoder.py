@@ -56,6 +56,7 @@ Anything else is refused before the first forward.
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -275,8 +276,9 @@ class SpeculativeDecoder:
         eos = eos_set(eos_token_id, vocab)
         if pad_token_id is None:  # transformers' default: the first EOS id given
             pad_token_id = first_eos(eos_token_id) if eos else 0
-        elif isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int):
+        elif isinstance(pad_token_id, bool) or not isinstance(pad_token_id, numbers.Integral):
             raise ValueError(f"pad_token_id: expected an integer id, got {pad_token_id!r}")
+        pad_token_id = int(pad_token_id)  # a numpy integer too, as max_new_tokens and EOS ids
         if streamer is not None and prompt.shape[0] != 1:
             raise ValueError(
                 f"streamer: streaming takes one row (as in transformers), got {prompt.shape[0]}"
