@@ -237,6 +237,13 @@ def _check(
         ):
             raise InvalidDistribution(f"draft_probs: expected shape ({num_tokens}, {vocab_size})")
         _check_rows("draft_probs", draft_probs)
+        drafted = draft_probs.gather(1, draft_token_ids.long()[:, None].to(draft_probs.device))
+        if num_tokens and not bool((drafted > 0).all()):  # it cannot have been sampled
+            index = int((drafted[:, 0] <= 0).nonzero()[0, 0])
+            raise InvalidDistribution(
+                f"draft_probs[{index}]: the drafted token {int(draft_token_ids[index])} has zero "
+                "draft probability, so it cannot have been sampled from this row"
+            )
 
 
 def _check_rows(name: str, probs: torch.Tensor) -> None:

@@ -293,6 +293,47 @@ def greedy_verdicts(
     return torch.where(lanes == num_accepted, best.gather(1, num_accepted), tokens)
 
 
+def _check_layout(
+    draft_token_ids: torch.Tensor,
+    counts: list[int],
+    probs: torch.Tensor | None,
+    draft_probs: torch.Tensor | None,
+    greedy: torch.Tensor | None,
+    generators: Mapping[int, torch.Generator],
+    argmax: torch.Tensor | None,
+) -> None:
+    """:func:`verify_step`'s shapes against ``counts`` (host metadata: no device read), each
+    mismatch a ``ValueError`` naming the argument."""
+    if any(n < 0 for n in counts):
+        raise ValueError(f"num_draft_tokens: expected non-negative counts, got {counts}")
+    num_tokens, batch_size = sum(counts), len(counts)
+    if tuple(draft_token_ids.shape) != (num_tokens,):
+        raise ValueError(
+            f"draft_token_ids: expected shape ({num_tokens},) for num_draft_tokens {counts}, "
+            f"got {tuple(draft_token_ids.shape)}"
+        )
+    rows = num_tokens + batch_size  # the drafts' target rows, then each request's bonus row
+    if probs is not None and (probs.ndim != 2 or probs.shape[0] != rows):
+        raise ValueError(f"probs: expected shape ({rows}, V), got {tuple(probs.shape)}")
+    if argmax is not None and tuple(argmax.shape) != (rows,):
+        raise ValueError(f"argmax: expected shape ({rows},), got {tuple(argmax.shape)}")
+    if draft_probs is not None and draft_probs.numel():
+        vocab = None if probs is None else probs.shape[-1]
+        if draft_probs.ndim != 2 or draft_probs.shape[0] != num_tokens:
+            raise ValueError(
+                f"draft_probs: expected shape ({num_tokens}, V), got {tuple(draft_probs.shape)}"
+            )
+        if vocab is not None and draft_probs.shape[1] != vocab:
+            raise ValueError(
+                f"draft_probs: expected {vocab} columns as probs, got {draft_probs.shape[1]}"
+            )
+    if greedy is not None and tuple(greedy.shape) != (batch_size,):
+        raise ValueError(f"greedy: expected shape ({batch_size},), got {tuple(greedy.shape)}")
+    for row in generators:
+        if not 0 <= row < batch_size:
+            raise ValueError(f"generators: request index {row} outside [0, {batch_size})")
+
+
 def verify_step(
     scheme: str,
     draft_token_ids: torch.Tensor,  # [T]
@@ -325,6 +366,7 @@ def verify_step(
     counts = [int(n) for n in num_draft_tokens]
     if probs is None and argmax is None:
         raise ValueError("argmax: required when probs is None (every request greedy)")
+    _check_layout(draft_token_ids, counts, probs, draft_probs, greedy, generators, argmax)
     device = (probs if probs is not None else argmax).device
     # A step without drafts is laid out with one padding lane: every row emits its bonus token.
     layout = chain_layout(counts, device, minimum_width=1)

@@ -190,6 +190,11 @@ def test_vllm_draft_id_out_of_vocab_raises_value_error() -> None:
         rejection_sample(draft_ids, counts, width, cu + 1, draft, target, bonus)
     with pytest.raises(ValueError, match="max_spec_len"):
         rejection_sample(draft_ids, counts, 1, cu, draft, target, bonus)
+    zero = draft.clone()
+    zero[1, int(draft_ids[1])] = 0.0  # the drafted token cannot have come from this row
+    zero[1] /= zero[1].sum()
+    with pytest.raises(ValueError, match=r"draft_probs\[1\]: the drafted token \d+ has zero"):
+        rejection_sample(draft_ids, counts, width, cu, zero, target, bonus)
 
 
 def test_vllm_matches_verify_chain_on_the_same_uniforms() -> None:

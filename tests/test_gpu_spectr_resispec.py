@@ -1134,3 +1134,24 @@ def test_float64_normalisers_add_in_numpy_order() -> None:
     assert torch.equal(
         lowered_spectr.rejection(torch.from_numpy(target), rows, rho), torch.from_numpy(expected)
     )
+
+
+@pytest.mark.parametrize("validate", [True, False])
+def test_optimised_plans_float64_rows_verify_let_through(validate: bool) -> None:
+    """Float64 rows whose mass is off 1 by more than the reference's own tolerance, which
+    ``verify`` accepts at a larger ``tolerance`` (or unchecked), are planned on their
+    renormalised values instead of being refused by the reference optimiser; rows within it
+    go to the optimiser as they are (the path-wise tests)."""
+    tree = ss.DraftTree.from_draws([(0, 0), (0, 1)], law="iid")  # two i.i.d. candidates
+    target = torch.tensor([0.3, 0.3, 0.4], dtype=torch.float64).expand(1, 3, 3).contiguous()
+    draft = torch.tensor([0.6, 0.2, 0.2015], dtype=torch.float64).expand(1, 3, 3).contiguous()
+    batch = ssg.TreeBatch.from_trees([tree])
+    for u in (0.05, 0.5, 0.9):
+        noise = ssg.Noise.from_reference([ss.Noise.constant(u, 3)])
+        out = ssg.verify("resispec", batch, target, draft, noise, validate=validate, tolerance=1e-2)
+        fixed = draft / draft.sum(-1, keepdim=True)  # the same draft, renormalised
+        want = ssg.verify("resispec", batch, target, fixed, noise, validate=validate)
+        assert torch.equal(out.token, want.token) and 0 <= int(out.token[0]) < 3, u
+    rows = np.array([[0.5, 0.5], [0.6, 0.4001], [0.7, 0.3000001]])  # off by 0, 1e-4, 1e-7
+    kept = lowered._renormalised(rows, everywhere=False)
+    assert np.array_equal(kept[[0, 2]], rows[[0, 2]]) and abs(kept[1].sum() - 1) < 1e-15

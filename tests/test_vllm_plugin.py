@@ -56,6 +56,35 @@ def test_request_refusals():
         plugin.check_request(SimpleNamespace(min_p=0.0, logit_bias={3: 1.0}))
 
 
+def test_verify_step_names_a_layout_that_disagrees_with_the_counts():
+    """Shapes that disagree with ``num_draft_tokens`` are refused naming the argument (they
+    failed at indexing, unnamed), checked or not: host metadata, no device read."""
+    probs = torch.full((6, 5), 0.2)  # T + B = 3 + 3 rows
+    ids, counts = torch.tensor([1, 2, 3]), [2, 0, 1]
+    cases = [
+        ({"probs": probs[:5]}, r"^probs: expected shape \(6, V\)"),
+        ({"draft_token_ids": ids[:2]}, r"^draft_token_ids: expected shape \(3,\)"),
+        ({"draft_probs": torch.full((2, 5), 0.2)}, r"^draft_probs: expected shape \(3, V\)"),
+        ({"draft_probs": torch.full((3, 4), 0.25)}, r"^draft_probs: expected 5 columns"),
+        ({"generators": {5: torch.Generator()}}, r"^generators: request index 5"),
+        ({"greedy": torch.tensor([True, False])}, r"^greedy: expected shape \(3,\)"),
+        ({"num_draft_tokens": [2, -1, 2]}, r"^num_draft_tokens: expected non-negative"),
+    ]
+    for validate in (True, False):
+        for change, message in cases:
+            arguments = {
+                "draft_token_ids": ids,
+                "num_draft_tokens": counts,
+                "probs": probs,
+                "draft_probs": None,
+                "greedy": None,
+                "generators": {},
+            } | change
+            with pytest.raises(ValueError, match=message):
+                plugin.verify_step("block", validate=validate, **arguments)
+    assert plugin.verify_step("block", ids, counts, probs, None, None, {}).shape == (3, 3)
+
+
 def test_chain_layout():
     layout = plugin.chain_layout([3, 0, 2])
     # logits rows: request 0 -> 0..3 (bonus 3), request 1 -> 4, request 2 -> 5..7 (bonus 7)

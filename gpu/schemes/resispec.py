@@ -322,16 +322,17 @@ class Optimised(Policy):
     ) -> torch.Tensor:
         """``[M, 4]`` float64: the encoded reference rule of each ``(row, node)`` (each with two or
         more candidates), on the host. Only those nodes' rows are copied there; rows of
-        float32/bf16/fp16 tables are renormalised in float64 first."""
+        float32/bf16/fp16 tables are renormalised in float64 first, and float64 rows whose mass
+        is off 1 by more than the reference's own tolerance (which ``verify`` let through at the
+        caller's ``tolerance``, or unchecked) too: the reference optimiser would refuse them.
+        Float64 rows within it go as they are, as to the reference."""
         rows = torch.tensor([row for row, _ in pairs], device=target_probs.device)  # [M]
         nodes = torch.tensor([node for _, node in pairs], device=target_probs.device)  # [M]
         target = target_probs[rows, nodes].detach().cpu().to(torch.float64).numpy()  # [M, V]
         draft = draft_probs[rows, nodes].detach().cpu().to(torch.float64).numpy()  # [M, V]
-        if target_probs.dtype != torch.float64:
-            # Low-precision rows sum to 1 only roughly; the reference validates float64 masses.
-            target, draft = (
-                t / np.maximum(t.sum(-1, keepdims=True), 1e-300) for t in (target, draft)
-            )
+        low = target_probs.dtype != torch.float64
+        # Low-precision rows sum to 1 only roughly; the reference validates float64 masses.
+        target, draft = (_renormalised(t, everywhere=low) for t in (target, draft))
         counts = (batch.candidates[rows, nodes] != PAD).sum(-1).tolist()  # [M]
         jobs = [(target[index], draft[index], count) for index, count in enumerate(counts)]
         encoded = [encode(rule) for rule in plan_nodes(self.reference.at_node, jobs)]
@@ -847,3 +848,11 @@ def resolved_rows(resolved: Any, rows: torch.Tensor) -> Any:
 
 LOWERING = ResiSpec()
 LOWERINGS = (LOWERING,)
+
+
+def _renormalised(rows: np.ndarray, everywhere: bool) -> np.ndarray:
+    """``rows [M, V]`` (float64) divided by their masses: every row (``everywhere``), or only
+    those whose mass is off 1 by more than the reference's ``MASS_TOLERANCE``."""
+    mass = rows.sum(-1, keepdims=True)  # [M, 1]
+    off = np.abs(mass - 1) > ss.validation.MASS_TOLERANCE  # [M, 1]
+    return np.where(everywhere | off, rows / np.maximum(mass, 1e-300), rows)
