@@ -28,6 +28,7 @@ sampling_metadata)``; vLLM 0.33 passes target *logits* and its sampling metadata
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -94,8 +95,10 @@ def rejection_sample(
     ...                  target, torch.tensor([[2], [1]])).tolist()
     [[1, 2, -1], [0, 1, -1]]
     """
-    counts = [int(n) for n in num_draft_tokens]
-    batch_size, width = len(counts), int(max_spec_len)
+    counts = [_whole(n, "num_draft_tokens") for n in num_draft_tokens]
+    batch_size, width = len(counts), _whole(max_spec_len, "max_spec_len")
+    if width < 0:
+        raise InvalidDistribution(f"max_spec_len: expected an integer >= 0, got {width}")
     device = target_probs.device if isinstance(target_probs, torch.Tensor) else None
     if validate:
         _check(
@@ -176,6 +179,15 @@ def request_noise(
     return Noise(accept, sample)
 
 
+def _whole(value: Any, name: str) -> int:
+    """``value`` as an int (a Python or numpy integer, or an integer 0-d tensor), else a
+    ``TypeError`` naming ``name``: a float count is refused, never truncated."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}: expected integers, got {value!r}") from None
+
+
 def _check(
     draft_token_ids: Any,
     counts: list[int],
@@ -209,6 +221,11 @@ def _check(
             f"draft_token_ids: expected shape ({num_tokens},), got {tuple(draft_token_ids.shape)}"
         )
     cumulative = torch.tensor(counts, dtype=torch.long).cumsum(0)
+    if not isinstance(cu_num_draft_tokens, torch.Tensor):
+        raise InvalidDistribution(
+            f"cu_num_draft_tokens: expected a torch.Tensor of shape ({batch_size},) (as vLLM "
+            f"passes it), got {type(cu_num_draft_tokens).__name__}"
+        )
     if tuple(cu_num_draft_tokens.shape) != (batch_size,) or not torch.equal(
         cu_num_draft_tokens.cpu().long(), cumulative
     ):

@@ -190,6 +190,17 @@ def test_vllm_draft_id_out_of_vocab_raises_value_error() -> None:
         rejection_sample(draft_ids, counts, width, cu + 1, draft, target, bonus)
     with pytest.raises(ValueError, match="max_spec_len"):
         rejection_sample(draft_ids, counts, 1, cu, draft, target, bonus)
+    with pytest.raises(ValueError, match=r"cu_num_draft_tokens: expected a torch\.Tensor"):
+        rejection_sample(draft_ids, counts, width, cu.tolist(), draft, target, bonus)
+    with pytest.raises(TypeError, match=r"num_draft_tokens: expected integers, got 1\.5"):
+        rejection_sample(draft_ids, [1.5, 2.5], width, cu, draft, target, bonus)  # not truncated
+    with pytest.raises(ValueError, match="max_spec_len: expected an integer >= 0, got -1"):
+        rejection_sample(draft_ids[:0], [], -1, cu[:0], None, target[:0], bonus[:0])
+    as_tensor = rejection_sample(draft_ids, torch.tensor(counts), width, cu, draft, target, bonus,
+                                 generator=torch.Generator().manual_seed(0))  # fmt: skip
+    as_list = rejection_sample(draft_ids, counts, width, cu, draft, target, bonus,
+                               generator=torch.Generator().manual_seed(0))  # fmt: skip
+    assert torch.equal(as_tensor, as_list)
     zero = draft.clone()
     zero[1, int(draft_ids[1])] = 0.0  # the drafted token cannot have come from this row
     zero[1] /= zero[1].sum()
