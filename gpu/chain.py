@@ -170,10 +170,10 @@ def padded_tables(
     device = draft_tokens.device
     real = torch.arange(gamma, device=device) < num_drafts[:, None]  # [B, γ]
     vocab = target_probs.shape[-1]
-    target_probs = _rows(target_probs)
+    target_probs = ops.row_major(target_probs)
     draft_flat = draft_index = None
     if draft_probs is not None:
-        draft_flat = _rows(draft_probs).reshape(batch_size * gamma, vocab)  # [B γ, V]
+        draft_flat = ops.row_major(draft_probs).reshape(batch_size * gamma, vocab)  # [B γ, V]
         draft_index = torch.arange(batch_size * gamma, device=device).view(batch_size, gamma)
     if dtype is None:
         dtype = ops.compute_dtype(target_probs, *(() if draft_probs is None else (draft_probs,)))
@@ -189,11 +189,6 @@ def padded_tables(
         bonus_tokens=None,
         dtype=dtype,
     )
-
-
-def _rows(table: torch.Tensor) -> torch.Tensor:
-    """``table``, or a copy whose last axis is contiguous where it is not."""
-    return table if table.stride(-1) == 1 else table.contiguous()
 
 
 def residual_weights(

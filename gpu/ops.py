@@ -234,6 +234,13 @@ def _sum_indices(
     return rows.flatten().to(device), steps  # type: ignore[return-value]
 
 
+def row_major(table: torch.Tensor) -> torch.Tensor:
+    """``table``, or a copy whose last axis is contiguous where it is not (a column-major
+    table): in-place softmaxes need rows, and a float32 sum along a strided row adds in
+    another order than along its contiguous copy."""
+    return table if table.stride(-1) == 1 else table.contiguous()
+
+
 def numpy_sum(values: torch.Tensor) -> torch.Tensor:
     r"""Sum over the last axis in numpy's pairwise order, bit for bit (``[..., V] -> [...]``).
 

@@ -238,9 +238,7 @@ def process(
     exact = logits.dtype == torch.float64 or not logits.is_floating_point()
     dtype = torch.float64 if exact else torch.float32
     buffer = None if out is None else _check_out(out, logits, dtype).view(-1, vocab_size)
-    x = logits.to(dtype).reshape(-1, vocab_size)  # [R, V]
-    if x.stride(-1) != 1:  # a column-major table: the in-place softmaxes below need rows
-        x = x.contiguous()
+    x = ops.row_major(logits.to(dtype).reshape(-1, vocab_size))  # [R, V]: in-place softmaxes
     temperature = _Parameter.parse(temperature, "temperature", batch_shape, x.device)
     top_k = _Parameter.parse(top_k, "top_k", batch_shape, x.device)
     top_p = _Parameter.parse(top_p, "top_p", batch_shape, x.device)
