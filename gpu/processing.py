@@ -441,9 +441,11 @@ class _Kept(NamedTuple):
 
     ``mass [R]`` (below float64; ``None`` in float64 or where a route does not form it): each
     row's kept integer mass (:func:`_fixed` units), whose ``2 ** -s`` multiple divides the kept
-    probabilities (:func:`_kept_divisor`). ``ids [R, m]`` with ``count [R]``: where every row's
-    kept tokens are known to be its ``ids[r, :count[r]]`` (the peaked rows' partial sort), so
-    that :func:`_zero_dropped` writes a zero table and those tokens instead of reading the rows."""
+    probabilities (:func:`_kept_divisor`); on a row that keeps everything it is not that row's
+    mass (:func:`process` divides such rows by exactly 1: :func:`_whole_rows`). ``ids [R, m]``
+    with ``count [R]``: where every row's kept tokens are known to be its
+    ``ids[r, :count[r]]`` (the peaked rows' partial sort), so that :func:`_zero_dropped` writes
+    a zero table and those tokens instead of reading the rows."""
 
     threshold: torch.Tensor | None
     index: torch.Tensor | None = None
@@ -632,8 +634,7 @@ def _top_p_with_fallback(
     :func:`_bound_block` sums, if formed (for :func:`_escalate`'s bound). ``ids [R, m]``: the
     token ids of ``values`` (or None); where every row is decided, none is cut inside a tie
     group and none keeps everything, the result names each row's kept tokens by them
-    (``_Kept.ids``). Below float64 a row that keeps everything gets the mass ``2 ** s`` (a
-    divisor of exactly 1: :func:`_whole_rows`). One host read: the rows' flags."""
+    (``_Kept.ids``). One host read: the rows' flags."""
     vocab_size = probs.shape[-1]
     last_value, num_kept, decided, partial, mass = _top_p_prefix(
         probs, counts, masses, values, valid, band
@@ -646,9 +647,6 @@ def _top_p_with_fallback(
     prefix = values.shape[-1]
     if nucleus and rows and len(rows) == len(probs):  # none decided: more ranks, or the radix
         return _escalate(probs, counts, masses, band, sums, prefix)
-    if mass is not None and whole_rows:  # divided by exactly 1: the softmax row, as alone
-        index = torch.tensor(whole_rows, device=probs.device)  # [U]
-        mass = mass.index_fill(0, index, 1 << _fixed_shift(vocab_size))
     # the kept tokens by ids: every row but a few (those the prefix does not decide, or cuts
     # inside a tie group) decided, and those few masked before the table is zeroed
     by_ids = ids is not None and not whole_rows
@@ -1015,8 +1013,6 @@ def _keep_nucleus(probs: torch.Tensor, masses: torch.Tensor) -> _Kept:
     last_value = table.gather(-1, (num_kept - 1).clamp(min=0)[:, None])  # [R, 1]
     last_value = torch.where(valid[:, None] == 0, -1.0, last_value)  # top-p off: keep all
     mass = cumulative.gather(-1, (num_kept - 1).clamp(min=0)[:, None])[:, 0]  # [R]: kept
-    unit = 1 << _fixed_shift(vocab_size)  # top-p off: a divisor of exactly 1 (_whole_rows)
-    mass = torch.where(valid == 0, unit, mass)
     room = num_kept - (table > last_value).sum(-1)  # [R]: the tokens equal to v that are kept
     cut = (valid > 0) & (room < (table == last_value).sum(-1))  # [R]
     rows = cut.nonzero()[:, 0].tolist()  # the host read: rows whose tie group at v is cut
