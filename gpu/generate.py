@@ -68,7 +68,18 @@ def row_keys(key: Any, batch_size: int | None = None) -> tuple[int, ...]:
     >>> row_keys([5, 9])
     (5, 9)
     """
-    if isinstance(key, (Sequence, np.ndarray, torch.Tensor)) and not isinstance(key, str):
+    if isinstance(key, (str, bytes, bytearray)):
+        raise ValueError(
+            f"key: expected an integer in [0, 2**64) or a sequence of them, got {key!r}"
+        )
+    if isinstance(key, (np.ndarray, torch.Tensor)):
+        if key.ndim == 0:
+            key = key.item()  # one key, as the reference takes it
+        elif key.ndim != 1:
+            raise ValueError(
+                f"key: expected one key per stream (a 1-D sequence), got shape {tuple(key.shape)}"
+            )
+    if isinstance(key, (Sequence, np.ndarray, torch.Tensor)):
         keys = tuple(key.tolist() if isinstance(key, (np.ndarray, torch.Tensor)) else key)
         if not keys:
             raise ValueError("key: expected at least one key")
@@ -79,10 +90,13 @@ def row_keys(key: Any, batch_size: int | None = None) -> tuple[int, ...]:
         KeyedNoise(key)  # validates: an integer in [0, 2**64)
         keys = tuple((int(key) + b) % _TWO64 for b in range(size))
     for index, value in enumerate(keys):
+        if isinstance(value, (Sequence, np.ndarray, torch.Tensor, bytes, bytearray)):
+            raise ValueError(f"key[{index}]: expected an integer in [0, 2**64), got {value!r}")
         try:
             KeyedNoise(value)
         except ValueError as error:
-            raise ValueError(f"key[{index}]: {error}") from None
+            reason = str(error).removeprefix("key: ")
+            raise ValueError(f"key[{index}]: {reason}") from None
     return tuple(int(k) for k in keys)
 
 
@@ -130,8 +144,10 @@ def keyed_round(
         out = np.zeros((len(seqs), vocab_size))  # [B, V]
         contexts = node_sequences(paths, depth)
         for row, (context, ok) in enumerate(zip(contexts, alive.tolist(), strict=True)):
-            if ok:
-                out[row] = as_floats(pair.draft(tuple(context)), "draft", vocab_size)
+            if ok:  # raced as the pair gives it (validated, not renormalised: the reference's)
+                probs = pair.draft(tuple(context))
+                as_floats(probs, "draft", vocab_size)
+                out[row] = np.asarray(probs, dtype=np.float64)
         return torch.from_numpy(out).to(device)
 
     def contexts_of(paths: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:

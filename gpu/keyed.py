@@ -25,10 +25,11 @@ Every function mirrors the reference of the same name and returns the same bits 
   with and without FMA differ in the last bit for about 7 % of the field's uniforms).
 * :func:`race_winner` is the reference's log-domain race ``log E - log p``, with ``log`` the
   portable :func:`log` (the twin of :func:`specsampling.keyed.field.log`): the same bits on CPU
-  and CUDA. The reference race (:mod:`specsampling.keyed.laws`) still calls ``np.log``, within
-  one ulp of it, so the winners agree except where two scores lie within that rounding of each
-  other; exact ties (equal ``(E, p)`` pairs, or ``E = 0``) and ``p = 0`` behave exactly as in
-  the reference.
+  and CUDA. The reference race (:mod:`specsampling.keyed.laws`) takes the same portable log, so
+  on the same proposal the winners agree bit for bit, near-ties included; exact ties (equal
+  ``(E, p)`` pairs, or ``E = 0``) and ``p = 0`` behave exactly as in the reference. (The one
+  place the proposals themselves can differ: a ``without`` step of an exact, ``Fraction`` pair,
+  whose renormalisation the reference does in exact arithmetic and the lowering in float64.)
 
 Design choice: there is no second ``KeyedNoise`` class. :func:`context_words` and
 :func:`exponentials_after` take the reference :class:`specsampling.keyed.KeyedNoise` (one
@@ -151,7 +152,7 @@ def _absorb(state: torch.Tensor, word: torch.Tensor, salt: int) -> torch.Tensor:
     return mix(state ^ mix(word + salt))
 
 
-def as_words(value: Any, device: Any = None) -> torch.Tensor:
+def as_words(value: Any, device: Any = None, name: str = "words") -> torch.Tensor:
     """64-bit words as an int64 tensor (two's-complement form) on ``device``.
 
     Parameters
@@ -163,6 +164,8 @@ def as_words(value: Any, device: Any = None) -> torch.Tensor:
         other integer tensors must be non-negative.
     device : torch.device or str, optional
         Target device; a tensor input keeps its own device when ``None``.
+    name : str
+        The argument named in error messages.
 
     Returns
     -------
@@ -179,18 +182,18 @@ def as_words(value: Any, device: Any = None) -> torch.Tensor:
         elif value.dtype == torch.uint64:
             out = value.view(torch.int64)
         elif value.dtype == torch.bool or value.is_floating_point() or value.is_complex():
-            raise ValueError(f"expected an integer tensor, got {value.dtype}")
+            raise ValueError(f"{name}: expected an integer tensor, got {value.dtype}")
         else:
             if value.dtype.is_signed and bool((value < 0).any()):
-                raise ValueError("integers must lie in [0, 2**64), got a negative value")
+                raise ValueError(f"{name}: integers must lie in [0, 2**64), got a negative value")
             out = value.to(torch.int64)
         return out if device is None else out.to(device)
     if not isinstance(value, (np.ndarray, np.generic)):
         # Python ints via an object array: numpy would turn ``[0, 2**64 - 1]`` into float64.
         value = np.array(value, dtype=object)
         if any(isinstance(v, (bool, np.bool_)) for v in value.ravel()):
-            raise ValueError("words: expected integers, got booleans")
-    words = _ref._words(value, "words")
+            raise ValueError(f"{name}: expected integers, got booleans")
+    words = _ref._words(value, name)
     flat = np.array(words, dtype=np.uint64).reshape(-1).view(np.int64)
     return torch.from_numpy(flat.copy()).reshape(words.shape).to(device)
 
@@ -234,10 +237,10 @@ def hash_bits(key: Any, context: Any, row: Any, tokens: Any) -> torch.Tensor:
     device = next(
         (v.device for v in (key, context, row, tokens) if isinstance(v, torch.Tensor)), None
     )
-    state = mix(as_words(key, device) ^ _SALTS[0])
-    state = _absorb(state, as_words(context, device), _SALTS[1])
-    state = _absorb(state, as_words(row, device), _SALTS[2])
-    return _absorb(state, as_words(tokens, device), _SALTS[3])
+    state = mix(as_words(key, device, "key") ^ _SALTS[0])
+    state = _absorb(state, as_words(context, device, "context"), _SALTS[1])
+    state = _absorb(state, as_words(row, device, "row"), _SALTS[2])
+    return _absorb(state, as_words(tokens, device, "tokens"), _SALTS[3])
 
 
 def to_unit(bits: torch.Tensor) -> torch.Tensor:

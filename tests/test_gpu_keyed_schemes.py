@@ -413,3 +413,72 @@ def test_bad_input_raises_clear_errors() -> None:
     with pytest.raises(ss.UnsupportedShape, match="keyed coupling"):
         ssg.verify("gumbel", ssg.TreeBatch.from_trees([ss.DraftTree.chain([1])]), None, None)
     assert row_keys(5, 2) == (5, 6) and row_keys(np.array([3, 4], dtype=np.uint64)) == (3, 4)
+
+
+class _AsGiven:
+    """A model pair whose draft (and target) sums to one only to rounding: ``q`` as given
+    differs in its last bits from ``q`` divided again by its float sum."""
+
+    vocab_size = 4
+
+    def __init__(self, probs: np.ndarray) -> None:
+        self.probs = probs
+
+    def target(self, prefix: tuple[int, ...]) -> np.ndarray:
+        return self.probs
+
+    def draft(self, prefix: tuple[int, ...]) -> np.ndarray:
+        return self.probs
+
+
+def test_the_draft_is_raced_as_the_pair_gives_it_not_renormalised() -> None:
+    """The reference races ``pair.draft(...)`` as returned; dividing it again by its float sum
+    moves its last bits, which flips the race at a near-tie. Built at one: token 1's share of
+    the first race set so that its score ties token 0's up to the last bit."""
+    from specsampling.keyed import field
+
+    exps = field.exponentials(0, field.position_context(0), 0, np.arange(4))
+    probs = np.array([0.7881877502847706, 0.8 * exps[1] / (exps[0] + exps[1]), 0.1, 0.1])
+    assert probs.sum() != 1.0 and not np.array_equal(probs / probs.sum(), probs)
+    draft = [0.6896642814991744, 0.010335718500826024, 0.04764134450303995, 0.25235865549696]
+    stationary = ss.pairs.Stationary([0.25] * 4, draft)
+    cases = (
+        ("gumbel", _AsGiven(probs), ss.Shape.chain(1), 4),
+        ("gls", _AsGiven(probs), ss.Shape.paths(2, 2), 6),
+        ("gls", stationary, ss.Shape.paths(3, 1), 4),
+        ("gls", stationary, ss.Shape.paths(2, 2), 4),
+    )
+    for name, pair, shape, length in cases:
+        out = generate(name, pair, shape, length, key=0)
+        want = ss.generate(name, pair, shape, length, np.random.default_rng(0), key=0)
+        assert out.tokens[0].tolist() == list(want), (name, shape)
+        assert int(out.num_rounds[0]) == len(want.rounds), (name, shape)
+
+
+def test_keys_of_every_form_the_reference_takes_and_clear_refusals() -> None:
+    pair, chain = PAIRS[0], ss.Shape.chain(2)
+    want = generate("gumbel", pair, chain, 3, key=5).tokens
+    for key in (torch.tensor(5), np.array(5), np.uint64(5), np.array(5, dtype=np.uint64)):
+        assert torch.equal(generate("gumbel", pair, chain, 3, key=key).tokens, want), key
+    refused = (
+        (b"ab", r"key: expected an integer in \[0, 2\*\*64\) or a sequence of them, got b'ab'"),
+        (bytearray(b"a"), "key: expected an integer"),
+        ("7", "key: expected an integer"),
+        (np.array([[1, 2]]), r"key: expected one key per stream \(a 1-D sequence\), got shape"),
+        (torch.tensor([[1, 2]]), r"key: expected one key per stream"),
+    )
+    for key, message in refused:
+        with pytest.raises(ValueError, match=message):
+            generate("gumbel", pair, chain, 3, key=key)
+    with pytest.raises(ValueError, match=r"key\[0\]: expected an integer in \[0, 2\*\*64\), got"):
+        generate("gumbel", pair, chain, 3, key=[[1, 2]])
+    with pytest.raises(ValueError, match=r"^key\[1\]: expected integers, got 1\.5$"):
+        generate("gumbel", pair, chain, 3, key=[1, 1.5])
+
+
+def test_field_errors_name_the_argument() -> None:
+    for args, name in (((-1, 0, 0, 0), "key"), ((0, -1, 0, 0), "context"),
+                       ((0, 0, [True], 0), "row"), ((0, 0, 0, torch.tensor([0.5])), "tokens"),
+                       ((torch.tensor([-3], dtype=torch.int32), 0, 0, 0), "key")):  # fmt: skip
+        with pytest.raises(ValueError, match=f"^{name}: "):
+            gk.hash_bits(*args)

@@ -24,9 +24,12 @@ target's selection over all ``K`` rows is keyed target-only decoding
 (:func:`keyed_select_root`).
 
 Ties go to the lowest index (``argmin``); ``p = 0`` or ``pi = 0`` scores ``+inf`` and is never
-chosen. The logs are the portable :func:`specsampling.gpu.keyed.log`; the reference's race calls
-``np.log``, within one ulp of it, so the winners are the reference's except where two scores lie
-within that rounding of each other (never met in the tests; see :mod:`specsampling.gpu.keyed`).
+chosen. The logs are the portable :func:`specsampling.gpu.keyed.log`, the reference race's own,
+so the winners are the reference's bit for bit on the same proposals: the draft as the pair gives
+it (validated, not renormalised, as the reference races it), and for a ``without`` step the
+remaining mass divided by its sum in numpy's order (for an exact, ``Fraction`` pair the reference
+divides exactly, so there a winner can differ where two scores lie within float64 rounding of
+each other; see :mod:`specsampling.gpu.keyed`).
 """
 
 from __future__ import annotations
