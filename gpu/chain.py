@@ -820,17 +820,21 @@ def check_chain_round(
     noise: Noise | None,
     num_drafts: torch.Tensor,
     tolerance: float | None = None,
+    tokens_name: str = "draft_tokens",
 ) -> None:
     """The chain ``check_round``: raise :class:`~specsampling.InvalidDistribution` naming the
     argument for the first defect (shapes, vocab, NaN/inf/negative/mass of the real rows, draft
     ids in ``[0, V)`` on real lanes and ``>= -1`` on padding, noise in ``[0, 1)`` on real lanes,
     and -- stricter than the reference -- a positive draft probability of every drafted token).
     One host synchronisation when the inputs are sound: every value check is reduced to one
-    flag (:func:`chain_is_sound`); only a defect pays for locating it."""
+    flag (:func:`chain_is_sound`); only a defect pays for locating it. ``tokens_name`` is the
+    caller's name for the draft ids (an adapter's own argument name)."""
     check_chain_shapes(draft_tokens, target_probs, draft_probs, noise)
     if bool(chain_is_sound(draft_tokens, target_probs, draft_probs, noise, num_drafts, tolerance)):
         return
-    locate_chain_defect(draft_tokens, target_probs, draft_probs, noise, num_drafts, tolerance)
+    locate_chain_defect(
+        draft_tokens, target_probs, draft_probs, noise, num_drafts, tolerance, tokens_name
+    )
     raise AssertionError("chain_is_sound found a defect that could not be located")
 
 
@@ -912,9 +916,11 @@ def locate_chain_defect(
     noise: Noise | None,
     num_drafts: torch.Tensor,
     tolerance: float | None = None,
+    tokens_name: str = "draft_tokens",
 ) -> None:
     """Raise :class:`~specsampling.InvalidDistribution` for the first defect, naming the
-    argument (several host synchronisations: only run once a defect is known)."""
+    argument (``tokens_name`` for the draft ids; several host synchronisations: only run once a
+    defect is known)."""
     gamma = draft_tokens.shape[1]
     device = draft_tokens.device
     check_chain_shapes(draft_tokens, target_probs, draft_probs, noise)  # types, shapes, V
@@ -934,7 +940,7 @@ def locate_chain_defect(
         value = int(draft_tokens[row, lane])
         where = "a drafted" if bool(bad_real[row, lane]) else "a padding"
         raise InvalidDistribution(
-            f"draft_tokens[{row}, {lane}]: token id {value} outside [0, {vocab_size}) in "
+            f"{tokens_name}[{row}, {lane}]: token id {value} outside [0, {vocab_size}) in "
             f"{where} lane" + ("" if where == "a drafted" else " (padding must be -1 or a token)")
         )
     if noise is not None:

@@ -295,8 +295,54 @@ def test_flashinfer_counts_padding_and_in_place_outputs() -> None:
         chain_speculative_sampling(draft, tokens, target, seed=1, offset=0)
     bad = tokens.clone()
     bad[0, 0] = vocab
-    with pytest.raises(ValueError, match=r"draft_tokens\[0, 0\]: token id 12"):
+    with pytest.raises(ValueError, match=r"draft_token_ids\[0, 0\]: token id 12"):
         chain_speculative_sampling(draft, bad, target)
+    bad[0, 0] = -2  # named where it is, not as a draft after padding
+    with pytest.raises(ValueError, match=r"draft_token_ids\[0, 0\]: token id -2 is negative"):
+        chain_speculative_sampling(draft, bad, target)
+
+
+def test_flashinfer_refuses_bad_counters_and_ids_before_writing_anything() -> None:
+    g = torch.Generator().manual_seed(4)
+    batch, k, vocab = 3, 2, 5
+    draft = torch.softmax(torch.randn(batch, k, vocab, generator=g), -1)
+    target = torch.softmax(torch.randn(batch, k + 1, vocab, generator=g), -1)
+    tokens = torch.multinomial(draft.reshape(-1, vocab), 1, generator=g).reshape(batch, k)
+    good = torch.zeros(batch, dtype=torch.int32)
+    bad_counters = (
+        torch.zeros(1, dtype=torch.int32),  # broadcasts: silently wrong before
+        torch.zeros(2, batch, dtype=torch.int32),
+        torch.zeros(batch),  # float
+        torch.zeros(batch, dtype=torch.bool),
+        5,
+    )
+    for bad in bad_counters:
+        with pytest.raises(ValueError, match=r"maybe_output_emitted_draft_token_num: expected an "):
+            chain_speculative_sampling(draft, tokens, target, good, bad, generator=0)
+        assert not good.any()  # the accepted counter was not written first
+        with pytest.raises(ValueError, match=r"maybe_output_accepted_token_num: expected an "):
+            chain_speculative_sampling(draft, tokens, target, bad, generator=0)
+    for ids in (tokens.float(), tokens.bool(), tokens.tolist()):
+        with pytest.raises(ValueError, match=r"draft_token_ids: expected an integer tensor"):
+            chain_speculative_sampling(draft, ids, target, generator=0)  # type: ignore[arg-type]
+    # any integer counter is incremented in place in its own dtype, and returned
+    wide = torch.full((batch,), 2**40, dtype=torch.int64)
+    _, accepted, _ = chain_speculative_sampling(draft, tokens, target, wide, generator=0)
+    assert accepted is wide and accepted.dtype == torch.int64 and bool((wide >= 2**40).all())
+
+
+def test_flashinfer_accepted_num_counts_each_draft_independently() -> None:
+    """``accepted_num`` is a sum of each draft's own accept test: one draft of acceptance 1/2
+    counts 1/2 on average (FlashInfer's kernel tests the rejected draft again with a fresh
+    uniform, 3/4 on average; its docstring's meaning is the independent count)."""
+    draws = 40_000
+    draft = torch.tensor([0.5, 0.5]).expand(draws, 1, 2).contiguous()
+    target = torch.tensor([0.25, 0.75]).expand(draws, 2, 2).contiguous()
+    tokens = torch.zeros(draws, 1, dtype=torch.long)  # p / q = 1/2 at the drafted token
+    _, accepted, emitted = chain_speculative_sampling(draft, tokens, target, generator=7)
+    mean = float(accepted.double().mean())
+    assert abs(mean - 0.5) < 4 * 0.5 / draws**0.5, mean  # 3/4 is 100 sigma away
+    assert torch.equal(accepted, emitted)  # one draft: its test is the chain's
 
 
 def test_flashinfer_per_row_generators_do_not_depend_on_position() -> None:
