@@ -162,17 +162,23 @@ class TreeDrafter:
         paths = torch.stack([self._paths[s] for s in steps], dim=1)  # [B, F, d]
         return Frontier(steps, exists, fresh, paths)
 
-    def next_level(self, draft_probs: torch.Tensor, uniforms: torch.Tensor) -> Level:
+    def next_level(
+        self, draft_probs: torch.Tensor, uniforms: torch.Tensor, *, validate: bool = True
+    ) -> Level:
         """Draw the next level's steps for every row.
 
         Parameters
         ----------
         draft_probs : Tensor [B, F, V]
             The draft distribution at each :attr:`frontier` slot's node (slots whose node does
-            not exist are never read).
+            not exist are never read): non-negative and finite with positive mass (normalised
+            or not: the inverse CDF reads the row's own total, as the reference's).
         uniforms : Tensor [B, S_d] float64
             The drafting noise of this level's steps (``levels[d]``, in step order): the
-            columns ``noise[:, levels[d]]`` of the full ``[B, S]`` noise.
+            columns ``noise[:, levels[d]]`` of the full ``[B, S]`` noise, in ``[0, 1)``.
+        validate : bool, default True
+            Check the values above (one host synchronisation); ``False`` trusts them (a
+            decoding loop drawing its uniforms with ``torch.rand`` from a model's softmax).
 
         Returns
         -------
@@ -193,9 +199,14 @@ class TreeDrafter:
                 f"uniforms: expected shape ({batch}, {len(steps)}) for level {self._level}, got "
                 f"{tuple(uniforms.shape)}"
             )
+        for name, values in (("draft_probs", draft_probs), ("uniforms", uniforms)):
+            if values.is_complex() or values.dtype == torch.bool:
+                raise InvalidDistribution(f"{name}: expected real numbers, got {values.dtype}")
         device = self.device
         probs_all = draft_probs.to(device=device, dtype=ops.compute_dtype(draft_probs))
         u_all = uniforms.to(device=device, dtype=torch.float64)  # [B, S_d]
+        if validate:
+            check_level(probs_all, u_all, frontier.exists.to(device))
         slot_of = {step: f for f, step in enumerate(frontier.steps)}
         root_key = torch.full((batch,), self.num_steps, dtype=torch.long, device=device)  # [B]
         done: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (step, parent key, token)
@@ -325,6 +336,36 @@ class TreeDrafter:
 DraftSource = Callable[[Frontier], torch.Tensor]
 
 
+def check_level(
+    draft_probs: torch.Tensor,  # [B, F, V]
+    uniforms: torch.Tensor,  # [B, S_d] float64
+    exists: torch.Tensor,  # [B, F] bool
+) -> None:
+    """Raise :class:`~specsampling.InvalidDistribution` naming the argument where a uniform is
+    outside ``[0, 1)`` (NaN included) or an existing node's draft row has a NaN, an infinite or
+    a negative entry, or no positive mass (the reference's ``categorical`` refuses it). One host
+    synchronisation when the level is sound."""
+    bad_u = ~((uniforms >= 0) & (uniforms < 1))  # [B, S_d]
+    finite = torch.isfinite(draft_probs) & (draft_probs >= 0)  # [B, F, V]
+    bad_row = exists & ~(finite.all(-1) & (draft_probs.sum(-1) > 0))  # [B, F]
+    if not bool(bad_u.any() | bad_row.any()):
+        return
+    if bool(bad_u.any()):
+        row, column = (int(i) for i in bad_u.nonzero()[0])
+        raise InvalidDistribution(
+            f"uniforms[{row}, {column}]: {float(uniforms[row, column])} is not in [0, 1)"
+        )
+    row, slot = (int(i) for i in bad_row.nonzero()[0])
+    values = draft_probs[row, slot]
+    if not bool(torch.isfinite(values).all()):
+        what = "a NaN or infinite entry"
+    elif bool((values < 0).any()):
+        what = "a negative entry"
+    else:
+        what = "no positive mass"
+    raise InvalidDistribution(f"draft_probs[{row}, {slot}]: the draft row has {what}")
+
+
 def draft(
     shape: Shape,
     source: ModelPair | DraftSource,
@@ -353,7 +394,17 @@ def draft(
     Returns
     -------
     TreeBatch
-        Row ``b`` is ``shape.draft_with_noise(pair, noise[b], prefix_b)``.
+        Row ``b`` is ``shape.draft_with_noise(pair, noise[b], prefix_b)`` (for an exact,
+        ``Fraction`` pair: of the pair's probabilities rounded once to float64, the precision
+        this backend computes in; the exact pair's own drafts can differ where a uniform falls
+        on an exact CDF boundary).
+
+    Raises
+    ------
+    InvalidDistribution
+        Noise of the wrong shape, complex or outside ``[0, 1)``; a draft row of the wrong
+        length, with a NaN, infinite or negative entry, or without positive mass (named by the
+        row and frontier slot of the level it was read at).
 
     Examples
     --------
@@ -366,11 +417,13 @@ def draft(
     True
     """
     shape = check_shape(shape)
+    if (isinstance(noise, torch.Tensor) and noise.is_complex()) or np.iscomplexobj(noise):
+        raise InvalidDistribution("noise: expected real uniforms in [0, 1), got complex values")
     uniforms = torch.as_tensor(noise, dtype=torch.float64)
-    if uniforms.ndim != 2 or uniforms.shape[1] != len(shape.steps):
+    if uniforms.ndim != 2 or uniforms.shape[1] != len(shape.steps) or not uniforms.shape[0]:
         raise InvalidDistribution(
             f"noise: expected shape (batch_size, {len(shape.steps)}) (one uniform per draw step "
-            f"of {shape!r}), got {tuple(uniforms.shape)}"
+            f"of {shape!r}, at least one row), got {tuple(uniforms.shape)}"
         )
     if not bool(((uniforms >= 0) & (uniforms < 1)).all()):
         raise InvalidDistribution("noise: uniforms must lie in [0, 1)")
@@ -380,7 +433,7 @@ def draft(
     uniforms = uniforms.to(device)
     if not callable(source):
         source = pair_source(check_model_pair(source, "source"), _row_prefixes(prefix, batch))
-    elif prefix not in ((), []):
+    elif len(prefix):
         raise ValueError("prefix: only a model pair source drafts after a prefix")
     while not drafter.done:
         frontier = drafter.frontier
@@ -405,11 +458,28 @@ def pair_source(pair: ModelPair, prefixes: Sequence[tuple[int, ...]]) -> DraftSo
                 if exists[b][f]:
                     key = tuple(paths[b][f])
                     if key not in cache:
-                        cache[key] = np.asarray(pair.draft(prefixes[b] + key), dtype=np.float64)
+                        row = np.asarray(pair.draft(prefixes[b] + key), dtype=np.float64)
+                        check_pair_row(row, prefixes[b] + key, vocab)
+                        cache[key] = row
                     out[b, f] = cache[key]
         return torch.tensor(out, dtype=torch.float64, device=frontier.exists.device)
 
     return source
+
+
+def check_pair_row(row: np.ndarray, prefix: tuple[int, ...], vocab_size: int) -> None:
+    """Refuse a draft row ``pair.draft(prefix)`` the drafter cannot draw from, naming it: the
+    wrong length, a NaN, infinite or negative entry, or no positive mass."""
+    where = f"source: pair.draft{prefix}"
+    if row.shape != (vocab_size,):
+        raise InvalidDistribution(
+            f"{where} has shape {row.shape}, expected ({vocab_size},) (the pair's vocab_size)"
+        )
+    total = row.sum()  # finite with a non-negative minimum: every entry finite, non-negative
+    if not (row.size and row.min() >= 0 and np.isfinite(total)):
+        raise InvalidDistribution(f"{where} has a NaN, infinite or negative entry")
+    if not total > 0:
+        raise InvalidDistribution(f"{where} has no positive mass")
 
 
 def _row_prefixes(prefix: Any, batch: int) -> list[tuple[int, ...]]:
@@ -421,4 +491,13 @@ def _row_prefixes(prefix: Any, batch: int) -> list[tuple[int, ...]]:
     return [tuple(int(t) for t in items)] * batch
 
 
-__all__ = ["MODES", "DraftSource", "Frontier", "Level", "TreeDrafter", "draft", "pair_source"]
+__all__ = [
+    "MODES",
+    "DraftSource",
+    "Frontier",
+    "Level",
+    "TreeDrafter",
+    "check_level",
+    "draft",
+    "pair_source",
+]

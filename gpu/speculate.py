@@ -157,7 +157,9 @@ def speculate(
     scheme : str or lowering object
         A tree scheme in :data:`specsampling.gpu.SCHEMES`; keyed couplings are refused.
     pair : ModelPair
-        The target and draft models (numpy; called once per node and row).
+        The target and draft models (numpy; called once per node and row). An exact
+        (``Fraction``) pair is read in float64, each probability rounded once, as every table
+        of this backend is.
     shape : Shape
         How each round drafts; the scheme must be exact for its law.
     num_rounds : int

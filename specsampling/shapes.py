@@ -25,6 +25,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ._types import Prefix, Probs, Scalar
+from .errors import InvalidDistribution
 from .ops import categorical, support
 from .pairs import ModelPair
 from .tree import DraftTree, DrawLaw
@@ -370,7 +371,9 @@ class _State:
 
 
 def _proposal(pair: ModelPair, prefix: Prefix, state: _State, node: int, mode: Mode) -> Any:
-    draft = pair.draft(prefix + state.prefixes[node])
+    context = prefix + state.prefixes[node]
+    draft = pair.draft(context)
+    _check_draft_row(draft, context)
     if mode == "iid":
         return draft
     remaining = draft.copy()
@@ -391,6 +394,20 @@ def _proposal(pair: ModelPair, prefix: Prefix, state: _State, node: int, mode: M
     one_hot = np.zeros_like(draft)
     one_hot[best] = 1
     return one_hot
+
+
+def _check_draft_row(draft: Any, context: Prefix) -> None:
+    """Refuse a float draft row with a NaN, an infinite or a negative entry, or no positive
+    mass, naming it (an inverse CDF over it would return some token, or a ``top`` step skip,
+    without error; exact rows are checked by the pair's own constructors)."""
+    row = np.asarray(draft)
+    if row.dtype == object:
+        return
+    total = row.sum()  # finite with a non-negative minimum: every entry finite, non-negative
+    if not (row.size and row.min() >= 0 and np.isfinite(total)):
+        raise InvalidDistribution(f"pair: draft{context} has a NaN, infinite or negative entry")
+    if not total > 0:
+        raise InvalidDistribution(f"pair: draft{context} has no positive mass")
 
 
 def _as_float(probs: Probs) -> Any:

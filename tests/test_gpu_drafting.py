@@ -348,3 +348,82 @@ def test_unmutated_drafter_passes_the_mutant_harness() -> None:
     for shape in SHAPES:
         noise = boundary_noise(rng, 6, len(shape.steps))
         assert mismatches(shape, TIES, noise, [()] * 9, drafting.TreeDrafter(shape, 9)) == []
+
+
+# --------------------------------------------------------------------------- refusals
+class _RawPair:
+    """A model pair returning a model's raw draft row as it is (no validation of its own)."""
+
+    vocab_size = 3
+
+    def __init__(self, row: list[float]) -> None:
+        self.row = np.array(row, dtype=float)
+
+    def target(self, prefix: tuple[int, ...]) -> np.ndarray:
+        return np.full(3, 1 / 3)
+
+    def draft(self, prefix: tuple[int, ...]) -> np.ndarray:
+        return self.row.copy()
+
+
+def test_next_level_refuses_uniforms_outside_the_unit_interval() -> None:
+    probs = torch.tensor([[[0.2, 0.5, 0.3]]], dtype=torch.float64)
+    for u in (1.0, 1.5, -0.5, float("nan"), float("inf")):
+        drafter = drafting.TreeDrafter(ss.Shape.chain(1), batch_size=1)
+        message = r"uniforms\[0, 0\]: .* is not in \[0, 1\)"
+        with pytest.raises(ss.InvalidDistribution, match=message):
+            drafter.next_level(probs, torch.tensor([[u]], dtype=torch.float64))
+    drafter = drafting.TreeDrafter(ss.Shape.chain(1), batch_size=1)  # trusted: no check
+    out = drafter.next_level(probs, torch.tensor([[0.5]], dtype=torch.float64), validate=False)
+    assert out.tokens.tolist() == [[1]]
+
+
+def test_draft_rows_without_mass_or_with_bad_entries_are_refused() -> None:
+    rows = {
+        "no positive mass": [0.0, 0.0, 0.0],
+        "a NaN or infinite entry": [float("nan"), 0.5, 0.5],
+        "a negative entry": [-0.2, 0.5, 0.7],
+    }
+    for what, row in rows.items():  # raw tensors: named by row and frontier slot
+        drafter = drafting.TreeDrafter(ss.Shape.chain(1), batch_size=1)
+        with pytest.raises(ss.InvalidDistribution, match=rf"draft_probs\[0, 0\]: .*{what}"):
+            drafter.next_level(torch.tensor([[row]]), torch.zeros(1, 1, dtype=torch.float64))
+    for row in (*rows.values(), [float("inf"), 0.5, 0.5]):  # a pair: named by its context
+        for shape in (ss.Shape.chain(1), ss.Shape.top((2,))):
+            noise = np.full((1, len(shape.steps)), 0.7)
+            with pytest.raises(ss.InvalidDistribution, match=r"pair\.draft\(\) has"):
+                drafting.draft(shape, _RawPair(row), noise)
+            with pytest.raises(ss.InvalidDistribution, match=r"pair: draft\(\) has"):
+                shape.draft_with_noise(_RawPair(row), noise[0])  # the reference refuses it too
+    # a deeper level names the row and slot it was read at; rows whose node does not exist
+    # are never read (zeros there are fine)
+    shape = ss.Shape.chain(2)
+    drafter = drafting.TreeDrafter(shape, batch_size=2)
+    drafter.next_level(torch.full((2, 1, 3), 1 / 3, dtype=torch.float64), torch.zeros(2, 1))
+    bad = torch.full((2, 1, 3), 1 / 3, dtype=torch.float64)
+    bad[1, 0] = 0.0
+    with pytest.raises(ss.InvalidDistribution, match=r"draft_probs\[1, 0\]: .*no positive mass"):
+        drafter.next_level(bad, torch.zeros(2, 1, dtype=torch.float64))
+
+
+def test_draft_names_noise_prefix_and_source_problems() -> None:
+    pair = ss.pairs.Stationary([0.5, 0.5], [0.25, 0.75])
+    shape = ss.Shape.chain(1)
+    with pytest.raises(ss.InvalidDistribution, match=r"noise: expected shape .*at least one row"):
+        drafting.draft(shape, pair, np.zeros((0, 1)))
+    with pytest.raises(ss.InvalidDistribution, match="noise: expected real uniforms"):
+        drafting.draft(shape, pair, np.array([[0.5 + 2j]]))
+
+    def source(frontier: drafting.Frontier) -> torch.Tensor:
+        return torch.full((*frontier.exists.shape, 2), 0.5, dtype=torch.float64)
+
+    with pytest.raises(ValueError, match="prefix: only a model pair source"):
+        drafting.draft(shape, source, np.zeros((1, 1)), np.array([0]))
+    assert drafting.draft(shape, source, np.zeros((1, 1)), np.array([])).tokens.shape[0] == 1
+
+    class Short(_RawPair):
+        def draft(self, prefix: tuple[int, ...]) -> np.ndarray:
+            return np.array([0.5, 0.5])
+
+    with pytest.raises(ss.InvalidDistribution, match=r"source: pair\.draft\(\) has shape \(2,\)"):
+        drafting.draft(shape, Short([0.0]), np.array([[0.5]]))

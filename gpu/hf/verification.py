@@ -88,7 +88,8 @@ class SampledDraw:
                 generator=self.state.generator,
                 device=self.state.device,
             )  # [B, S]
-        drawn = self.drafter.next_level(draft_probs, self.uniforms[:, list(self.levels[level])])
+        uniforms = self.uniforms[:, list(self.levels[level])]  # torch.rand's: in [0, 1)
+        drawn = self.drafter.next_level(draft_probs, uniforms, validate=False)
         return drawn.tokens
 
     def finish(self) -> tuple[TreeBatch, None]:
