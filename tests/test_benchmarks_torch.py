@@ -175,6 +175,30 @@ def test_gpu_script_on_cpu(tmp_path: Path) -> None:
     assert not any(n.startswith("run aborted") for n in data["notes"]), data["notes"]
 
 
+def test_gpu_script_survives_a_failing_step(tmp_path: Path) -> None:
+    """One GPU run, eight minutes: a step or a size that raises is a note and the run goes on
+    (the steps after it still run and their results are saved)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_run", BENCHMARKS / "gpu" / "run.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    run = module.Run(module.arguments().parse_args([str(tmp_path), "--device", "cpu"]))
+
+    def fails() -> None:
+        raise ValueError("scheme: refused on this device\nsecond line")
+
+    ran = []
+    run.attempt("chains: B=1, V=32000", fails)
+    run.attempt("tree step", lambda: ran.append(1))
+    assert ran == [1]
+    note = "chains: B=1, V=32000: aborted: ValueError: scheme: refused on this device"
+    assert run.notes == [note]
+    assert "aborted: ValueError" in (tmp_path / "results.md").read_text()
+    assert module.sync_check(torch, "cpu", fails) == "n/a (CPU)"
+
+
 @pytest.mark.slow
 def test_gpu_script_decodes_on_cpu(tmp_path: Path) -> None:
     """The decoding step: ``benchmarks/gpu/decode.py --tiny`` run by ``run.py``, its table in

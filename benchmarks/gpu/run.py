@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import gc
 import importlib
 import inspect
 import json
@@ -52,6 +53,7 @@ import sys
 import tempfile
 import time
 import traceback
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -161,18 +163,32 @@ class Timer:
 
 
 def sync_check(torch: Any, device: str, fn: Any) -> str:
-    """ "no sync" if ``fn()`` runs under ``set_sync_debug_mode("error")``, else the error."""
+    """ "no sync" if ``fn()`` runs under ``set_sync_debug_mode("error")``, "SYNC: ..." where
+    it synchronises, "error: ..." where it fails otherwise (out of memory, a refusal): never
+    raises, so one failing call costs its row only."""
     if not device.startswith("cuda"):
         return "n/a (CPU)"
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
     try:
-        fn()
-    except RuntimeError as error:
-        return "SYNC: " + str(error).splitlines()[0][:120]
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    except Exception as error:
+        first = (str(error).splitlines() or [""])[0][:120]
+        if isinstance(error, RuntimeError) and "synchroniz" in str(error):
+            return "SYNC: " + first
+        return f"error: {type(error).__name__}: {first}"
     return "no sync"
+
+
+def free_memory(torch: Any) -> None:
+    """Return the caching allocator's free blocks to the device between steps (the decoding
+    step's models need the memory the tables of the tree step held)."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 # --------------------------------------------------------------------------- peers
@@ -608,24 +624,30 @@ is branch-free, so its cost does not depend on what is accepted.
 
     def agreement_step(self, torch: Any, ssg: Any) -> None:
         """Step 3: float32 against float64 verdicts on the same fuzzed rounds and uniforms."""
-        total, chunk = self.args.agreement_rows, min(self.args.agreement_rows, AGREEMENT_CHUNK)
         for name in AGREEMENT_SCHEMES:
-            record = {"scheme": name, "rows": 0, "differ": 0}
-            for seed in range(max(1, total // chunk)):
-                if self.remaining() < self.reserved() + 60:
-                    self.notes.append(f"float32 agreement: `{name}` cut at {record['rows']} rows")
-                    break
-                rounds = fuzzed_rounds(torch, chunk, 1000 * len(name) + seed, self.args.device)
-                tokens, target, draft, accept, sample = rounds
-                noise = ssg.Noise(accept, sample)
-                exact = ssg.verify_chain(name, tokens, target, draft, noise, validate=False)
-                fast = ssg.verify_chain(
-                    name, tokens, target.float(), draft.float(), noise, validate=False
-                )
-                record["differ"] += int((exact.tokens != fast.tokens).any(-1).sum())
-                record["rows"] += chunk
-            self.agreement.append(record)
-            self.save()
+            label = f"float32 agreement: `{name}`"
+            self.attempt(label, partial(self.agreement_scheme, torch, ssg, name))
+            free_memory(torch)
+
+    def agreement_scheme(self, torch: Any, ssg: Any, name: str) -> None:
+        """One scheme's share of :meth:`agreement_step`."""
+        total, chunk = self.args.agreement_rows, min(self.args.agreement_rows, AGREEMENT_CHUNK)
+        record = {"scheme": name, "rows": 0, "differ": 0}
+        for seed in range(max(1, total // chunk)):
+            if self.remaining() < self.reserved() + 60:
+                self.notes.append(f"float32 agreement: `{name}` cut at {record['rows']} rows")
+                break
+            rounds = fuzzed_rounds(torch, chunk, 1000 * len(name) + seed, self.args.device)
+            tokens, target, draft, accept, sample = rounds
+            noise = ssg.Noise(accept, sample)
+            exact = ssg.verify_chain(name, tokens, target, draft, noise, validate=False)
+            fast = ssg.verify_chain(
+                name, tokens, target.float(), draft.float(), noise, validate=False
+            )
+            record["differ"] += int((exact.tokens != fast.tokens).any(-1).sum())
+            record["rows"] += chunk
+        self.agreement.append(record)
+        self.save()
 
     def decoding(self, top: Path | None) -> None:
         """Step 6: ``benchmarks/gpu/decode.py`` with its share of what is left."""
@@ -708,7 +730,9 @@ is branch-free, so its cost does not depend on what is accepted.
                     self.notes.append(f"chains: B={batch}, V={vocab} skipped (deadline)")
                     continue
                 peers = hf, fi, vl, *adapters
-                self.chain_config(torch, ssg, timer, usable, peers, batch, vocab)
+                config = (torch, ssg, timer, usable, peers, batch, vocab)
+                self.attempt(f"chains: B={batch}, V={vocab}", partial(self.chain_config, *config))
+                free_memory(torch)
 
     def chain_config(self, torch, ssg, timer, usable, peers, batch, vocab) -> None:
         """Every usable chain scheme and the peers at one size."""
@@ -754,8 +778,10 @@ is branch-free, so its cost does not depend on what is accepted.
                 f"FlashInfer {label}", timer, lambda: fi(draft, tokens32, target)
             )
         if adapter is not None:
-            shared["adapter_s"] = self.guarded(
-                f"adapter {label}", timer, lambda: adapter(draft, draft_tokens, target)
+            shared["adapter_s"] = self.guarded(  # unchecked, as FlashInfer's kernel
+                f"adapter {label}",
+                timer,
+                lambda: adapter(draft, draft_tokens, target, validate=False),
             )
         if vl is not None or vllm_adapter is not None:
             layout = vllm_layout(torch, draft, target, target_logits, draft_tokens)
@@ -787,7 +813,8 @@ is branch-free, so its cost does not depend on what is accepted.
             record["process_verify_s"] = self.guarded(f"{name} full {label}", timer, full)
             if from_logits is not None:
                 record["logits_s"] = self.guarded(f"{name} logits {label}", timer, logits)
-            record["sync"] = sync_check(torch, device, full)
+            failed = record["process_verify_s"] is None
+            record["sync"] = "-" if failed else sync_check(torch, device, full)
             self.chains.append(record)
             self.save()
 
@@ -813,7 +840,10 @@ is branch-free, so its cost does not depend on what is accepted.
                             f"trees: {shape!r} B={batch} V={vocab} skipped (deadline)"
                         )
                         continue
-                    self.tree_config(torch, ssg, timer, pair, shape, names, batch, vocab)
+                    config = (torch, ssg, timer, pair, shape, names, batch, vocab)
+                    label = f"trees: {shape!r} B={batch} V={vocab}"
+                    self.attempt(label, partial(self.tree_config, *config))
+                    free_memory(torch)
 
     def tree_config(self, torch, ssg, timer, pair, shape, names, batch, vocab) -> None:
         """Every tree lowering supporting ``shape`` at one size."""
@@ -858,6 +888,16 @@ is branch-free, so its cost does not depend on what is accepted.
             self.trees.append(record)
             self.save()
 
+    def attempt(self, label: str, fn: Any) -> None:
+        """``fn()``; where it raises, a note and the run goes on (a size or a step that fails
+        on the device costs itself only, never the steps after it)."""
+        try:
+            fn()
+        except Exception as error:
+            first = (str(error).splitlines() or [""])[0][:200]
+            self.notes.append(f"{label}: aborted: {type(error).__name__}: {first}")
+            self.save()
+
     def guarded(self, label: str, timer: Any, fn: Any) -> float | None:
         """``timer(fn)``, or ``None`` with a note when it raises."""
         try:
@@ -867,7 +907,8 @@ is branch-free, so its cost does not depend on what is accepted.
             return None
 
 
-def main() -> None:
+def arguments() -> argparse.ArgumentParser:
+    """The command line (defaults: the full GPU run)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", help="directory for results.md, results.json, pytest-cuda.txt")
     parser.add_argument("--device", default="cuda")
@@ -886,7 +927,11 @@ def main() -> None:
     parser.add_argument("--test-timeout", type=float, default=240.0)
     parser.add_argument("--deadline-s", type=float, default=480.0, help="whole-run budget")
     parser.add_argument("--force-overlay", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = arguments().parse_args()
     if args.quick:
         args.batches, args.vocabs, args.gamma, args.structure_vocab = [1, 4], [1_000], 4, 200
         args.pathwise_schemes = args.pathwise_schemes or ["standard", "block", "gumbel"]
@@ -902,18 +947,19 @@ def main() -> None:
 
         torch.manual_seed(0)
         run.environment(torch, ssg, top)
-        run.pathwise_step()
-        run.agreement_step(torch, ssg)
-        run.chain_benchmarks(torch, ssg)
-        run.tree_benchmarks(torch, ssg, ss)
+        run.attempt("path-wise step", run.pathwise_step)
+        run.attempt("float32 agreement step", lambda: run.agreement_step(torch, ssg))
+        run.attempt("chain step", lambda: run.chain_benchmarks(torch, ssg))
+        run.attempt("tree step", lambda: run.tree_benchmarks(torch, ssg, ss))
+        free_memory(torch)
         if args.skip_decode:
             run.decode = "skipped (--skip-decode)"
         else:
-            run.decoding(top)
+            run.attempt("decoding step", lambda: run.decoding(top))
         if args.skip_tests:
             run.tests = {"summary": "skipped (--skip-tests)"}
         else:
-            run.run_tests(top)
+            run.attempt("test step", lambda: run.run_tests(top))
     except Exception:
         run.notes.append("run aborted: " + traceback.format_exc().replace("\n", " | "))
         run.save()
