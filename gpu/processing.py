@@ -20,9 +20,12 @@ How each step is computed:
 * **Temperature.** Float64 mirrors the reference step by step (subtract the row maximum, divide
   by ``T``, ``exp``, divide by the row sum added in numpy's pairwise order, :func:`_row_sum`).
   Below float64 it is one buffer and torch's fused softmax: ``softmax(x)`` for a host-known
-  ``T = 1``, ``softmax(x / T)`` for a host-known ``T > 1`` (no overflow is possible), otherwise
-  ``(x - max x) / T`` in place and then the softmax in place (a tiny temperature cannot overflow
-  to ``inf - inf``). ``T = 0`` rows become one-hots in place.
+  ``T = 1``, ``softmax(x / T)`` for ``T > 1`` (no overflow is possible) and for ``T < 1`` on
+  every row whose largest logit is at most half the dtype's largest value times ``T`` (so
+  ``x / T`` cannot overflow upwards; one division of the whole table on the CPU when all rows
+  are such), and ``(x - max x) / T`` then the softmax on the others (a tiny temperature, or
+  logits near the dtype's limit, cannot overflow to ``inf - inf``). ``T = 0`` rows become
+  one-hots in place.
 * **Top-k below float64, with or without top-p** (a host-known largest ``k < V`` on every
   row): no softmax of the whole row. :func:`~specsampling.gpu.ops.topk_blocks` of the *logits*
   (``torch.topk``'s values from the blocks with the largest maxima) gives the ``k + 1``
@@ -405,13 +408,17 @@ def _softmax(
 
     Float64 mirrors the reference step by step (subtract, divide, ``exp``, divide by the pairwise
     row sum). Below float64 it is one buffer and a fused softmax, each row by its own
-    temperature alone (so a row's probabilities do not depend on its neighbours'):
-    ``softmax(x)`` at ``T = 1``; ``softmax(x / T)`` for ``T > 1`` (``|x / T| <= |x|``: no
-    overflow, no loss of precision beyond the input's own; ``x / 1`` is ``x``); for ``T < 1``
-    ``(x - max x) / T`` first, so that a tiny temperature cannot overflow to ``inf - inf`` and
-    the scaled differences keep their precision. Temperatures known on the host to be one value
-    take the one formula; otherwise each row subtracts its maximum where its ``T < 1`` and 0
-    (exactly ``x``) elsewhere.
+    temperature and largest logit alone (so a row's probabilities do not depend on its
+    neighbours'): ``softmax(x)`` at ``T = 1``; ``softmax(x / T)`` for ``T > 1`` (``|x / T| <=
+    |x|``: no overflow, no loss of precision beyond the input's own; ``x / 1`` is ``x``) and for
+    ``T < 1`` where the row's maximum ``m`` has ``|m| <= F T / 2`` (``F`` the dtype's largest
+    value; the softmax subtracts ``m / T`` itself, and ``x / T`` is the scaled input to within
+    one rounding of its own precision): no entry overflows up (``x <= m``), and one that
+    overflows down to ``-inf`` lies more than ``F / 2`` below ``m / T``, a probability of 0 in
+    this dtype either way. A row beyond that (a tiny temperature, or logits near ``F``) takes
+    ``(x - m) / T``, so nothing overflows to ``inf - inf``. Every row takes the one division on
+    the CPU where all rows qualify (one host read); otherwise the rows that do not subtract
+    their maximum and the others 0 (exactly ``x``), the same values.
     """
     fixed = temperature.host and temperature.host_min == temperature.host_max
     if x.dtype != torch.float64 and fixed:
@@ -425,8 +432,12 @@ def _softmax(
         scaled = torch.div(x, divisor, out=out)  # [R, V]: every row T >= 1 (or greedy)
         return torch._softmax(scaled, -1, False, out=scaled)
     top = x.amax(-1, keepdim=True) if row_max is None else row_max  # [R, 1]
-    if x.dtype != torch.float64 and not fixed:  # only the rows with T < 1 subtract their max
-        below = (temperature.rows[:, None] < 1) & ~greedy  # [R, 1]
+    if x.dtype != torch.float64:  # the rows that subtract their max: T < 1 and |m| > F T / 2
+        bound = divisor * (torch.finfo(x.dtype).max / 2)  # [R, 1]: F T / 2, finite for T <= 1
+        below = (temperature.rows[:, None] < 1) & ~greedy & ~(top.abs() <= bound)  # [R, 1]
+        if _reads_are_free(x.device) and not bool(below.any()):  # the usual case: x / T
+            scaled = torch.div(x, divisor, out=out)  # [R, V]
+            return torch._softmax(scaled, -1, False, out=scaled)
         top = torch.where(below, top, torch.zeros_like(top))  # [R, 1]
     scaled = torch.sub(x, top, out=out).div_(divisor)  # [R, V]
     if x.dtype != torch.float64:

@@ -876,6 +876,35 @@ def test_fused_softmax_does_not_overflow():
         assert got.argmax(-1).tolist() == [0, 2]
 
 
+def test_low_temperature_rows_divide_unless_they_could_overflow():
+    """Below T = 1 a row is ``softmax(x / T)`` unless its largest logit ``m`` has ``|m|`` above
+    half the float32 maximum times T, where it is ``softmax((x - m) / T)``: decided per row, so a
+    row alone (one division over the table), beside a row near the float32 maximum (the
+    per-row route) and on the sync-free route of an accelerator is the same bit for bit; -inf
+    entries stay 0, and the huge row stays finite."""
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(3, 4000, generator=g) * 4
+    x[1, ::7] = -math.inf
+    big = torch.full((1, 4000), -3e38)
+    big[0, 5] = 3.2e38  # x / 0.5 would overflow: this row subtracts its maximum
+    bound = torch.finfo(torch.float32).max / 2
+    edge = torch.full((1, 4000), -1.0)
+    edge[0, 0] = bound * 0.5  # exactly at F T / 2 for T = 0.5: divides
+    for temperature in (0.5, 0.7, [0.5, 0.9, 0.3]):
+        rows = temperature if isinstance(temperature, list) else [temperature] * 3
+        alone = process(x, temperature)
+        want = torch.stack([torch.softmax(x[r] / t, -1) for r, t in enumerate(rows)])
+        assert torch.equal(alone, want)  # the division then torch's softmax, nothing else
+        beside = process(torch.cat([x, big]), [*rows, 0.5])
+        assert torch.equal(beside[:3], alone)
+        assert torch.isfinite(beside).all() and int(beside[3].argmax()) == 5
+        assert torch.equal(sync_free(torch.cat([x, big]), [*rows, 0.5]), beside)
+        assert (alone[1, ::7] == 0).all()
+    at_edge = process(torch.cat([edge, x[:1]]), 0.5)
+    assert torch.isfinite(at_edge).all() and int(at_edge[0].argmax()) == 0
+    assert torch.equal(at_edge[1], process(x[:1], 0.5)[0])
+
+
 # ----------------------------------------------------------------------------------------------
 # Top-k alone below float64: ranked by the logits, no softmax of the whole row
 
