@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -236,10 +237,20 @@ class Synthetic:
 
     # -- the batched face ---------------------------------------------------------------------
 
-    def roots(self, num: int, generator: np.random.Generator) -> list[tuple[int, ...]]:
-        """``num`` root contexts of ``context_length`` uniform tokens, drawn from ``generator``."""
+    def roots(self, num: int, generator: Any) -> list[tuple[int, ...]]:
+        """``num`` root contexts of ``context_length`` uniform tokens, drawn from ``generator``.
+
+        ``generator`` is what the estimators take: ``None`` (fresh entropy), an integer seed or
+        a ``numpy.random.Generator``.
+
+        >>> Synthetic(vocab_size=8).roots(2, 0) == Synthetic(vocab_size=8).roots(2, 0)
+        True
+        """
+        from .sources import as_generator  # sources drafts from this module's pairs
+
         count = check_positive_int(num, "num", minimum=1)
-        drawn = generator.integers(0, self._vocab_size, size=(count, self.context_length))
+        rng = as_generator(generator)
+        drawn = rng.integers(0, self._vocab_size, size=(count, self.context_length))
         return [tuple(int(t) for t in row) for row in drawn]
 
     def _seed_hash(self) -> torch.Tensor:

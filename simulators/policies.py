@@ -148,7 +148,8 @@ class OptTree(_Policy):
         Nodes added per layer at most (default ``budget``: the first layer may take the whole
         budget; smaller widths leave room for depth).
     threshold : float, default 0.0
-        Stop when a layer's gain ``sum q-hat`` is below it (OPT-Tree runs with 0.5 at budget 60).
+        Stop when a layer's gain ``sum q-hat`` is below it (OPT-Tree runs with 0.5 at budget 60);
+        a finite number >= 0, not a bool.
     max_depth : int, default 10
         Layers at most.
 
@@ -171,7 +172,10 @@ class OptTree(_Policy):
         width = budget if self.width is None else check_positive_int(self.width, "width")
         threshold = self.threshold
         if not (
-            isinstance(threshold, (int, float)) and math.isfinite(threshold) and threshold >= 0
+            isinstance(threshold, (int, float))
+            and not isinstance(threshold, bool)
+            and math.isfinite(threshold)
+            and threshold >= 0
         ):
             raise ValueError(f"threshold: expected a finite number >= 0, got {threshold!r}")
         object.__setattr__(self, "budget", budget)

@@ -47,6 +47,8 @@ OBJECTIVES = ("block-efficiency", "tokens-per-second")
 FAMILIES = ("chain", "star", "paths", "delayed", "branching", "top")
 #: What :func:`search_shape` searches by default (the others are opt-in: many candidates).
 DEFAULT_FAMILIES = ("chain", "star", "paths", "delayed")
+#: Layers of the ``"opt-tree"`` method's trees when ``max_depth`` is not given.
+OPT_TREE_DEPTH = 10
 
 
 @dataclass(frozen=True)
@@ -183,7 +185,7 @@ def delayed_grid(
 def sweep(
     scheme: Any,
     source: Any,
-    shapes: Sequence[Any],
+    shapes: Iterable[Any],
     num_trees: int = 256,
     generator: Any = None,
     *,
@@ -191,16 +193,62 @@ def sweep(
     seed_per_shape: bool = True,
     progress: bool | None = None,
 ) -> list[tuple[Any, Estimate]]:
-    """Estimate ``scheme`` on every shape of ``shapes`` (each on the same root contexts)."""
+    """Estimate ``scheme`` on every shape of ``shapes`` (each on the same root contexts).
+
+    Parameters
+    ----------
+    scheme : str or TreeVerifier
+    source : ModelPair or RecordedTrees
+    shapes : iterable of Shape or tree policy
+        At least one; a list, a tuple or any iterable (``delayed_grid``'s list, say).
+    num_trees : int, default 256
+        Drafted trees per shape, at least 2.
+    generator : None, int or numpy.random.Generator
+    method : {"rao-blackwell", "plain"}
+    seed_per_shape : bool, default True
+        Every shape drafts after the same root contexts (one seed for all); ``False``: the
+        shapes draw their roots one after the other from ``generator``.
+    progress : bool, optional
+
+    Returns
+    -------
+    list of (shape, Estimate)
+        In the order of ``shapes``.
+
+    Raises
+    ------
+    TypeError
+        If ``shapes`` is not an iterable of shapes (``None``, a single shape, a string).
+    ValueError
+        If ``shapes`` is empty or ``seed_per_shape`` not a bool; the other arguments are
+        checked as :func:`~specsampling.simulators.estimate` checks them.
+    """
+    todo = _shape_list(shapes)
+    if not todo:
+        raise ValueError("shapes: expected at least one shape, got none")
+    seed_per_shape = bool(check_flag(seed_per_shape, "seed_per_shape"))
     rng = as_generator(generator)
     seed = int(rng.integers(2**63))
     out = []
-    for shape in shapes:
+    for shape in todo:
         gen = seed if seed_per_shape else rng
         out.append(
             (shape, estimate(scheme, source, shape, num_trees, method, gen, progress=progress))
         )
     return out
+
+
+def _shape_list(shapes: Any) -> list[Any]:
+    """``shapes`` as a list, or a ``TypeError`` naming the argument."""
+    expected = "shapes: expected a sequence of shapes or tree policies, got"
+    if isinstance(shapes, Shape) or hasattr(shapes, "draft_trees"):
+        raise TypeError(f"{expected} one ({shapes!r}); pass [{shapes!r}]")
+    if shapes is None or isinstance(shapes, (str, bytes)):
+        raise TypeError(f"{expected} {shapes!r}")
+    try:
+        return list(shapes)
+    except TypeError:
+        raise TypeError(f"{expected} {type(shapes).__name__}") from None
 
 
 def search_shape(
@@ -246,7 +294,8 @@ def search_shape(
         paths and delayed trees; add ``"branching"`` and ``"top"`` for those, whose count grows
         fast: hundreds of width tuples at budget 16).
     max_depth : int, optional
-        Deepest shape considered (default: ``budget``).
+        Deepest shape considered, at least 1 (default: ``budget``; for ``"opt-tree"``, its
+        :data:`OPT_TREE_DEPTH` layers).
     generator : None, int or numpy.random.Generator
     progress : bool, optional
         One line per candidate on standard error (default: when it is a terminal).
@@ -302,7 +351,8 @@ def search_shape(
             candidates = [HeapTree(budget, max_depth)]
         else:
             widths = sorted({1, 2, 3, 4, 6, 8, budget} & set(range(1, budget + 1)))
-            candidates = [OptTree(budget, width=w, max_depth=max_depth or 10) for w in widths]
+            depth = OPT_TREE_DEPTH if max_depth is None else max_depth
+            candidates = [OptTree(budget, width=w, max_depth=depth) for w in widths]
         resolve(scheme, candidates[0])  # refuse a scheme not exact for deterministic trees
     rng = as_generator(generator)
 
@@ -342,6 +392,7 @@ __all__ = [
     "FAMILIES",
     "METHODS",
     "OBJECTIVES",
+    "OPT_TREE_DEPTH",
     "SearchResult",
     "candidate_shapes",
     "delayed_grid",

@@ -47,10 +47,18 @@ class Drafted(NamedTuple):
 
 
 def as_generator(generator: Any) -> np.random.Generator:
-    """``None`` (fresh entropy), an int seed or a numpy ``Generator``, as a ``Generator``."""
-    if generator is None or (
-        isinstance(generator, (int, np.integer)) and not isinstance(generator, bool)
-    ):
+    """``None`` (fresh entropy), an int seed (>= 0) or a numpy ``Generator``, as a ``Generator``.
+
+    >>> as_generator(-1)
+    Traceback (most recent call last):
+    ...
+    ValueError: generator: expected a seed >= 0, got -1
+    """
+    if generator is None:
+        return np.random.default_rng()
+    if isinstance(generator, (int, np.integer)) and not isinstance(generator, bool):
+        if generator < 0:
+            raise ValueError(f"generator: expected a seed >= 0, got {generator}")
         return np.random.default_rng(generator)
     if isinstance(generator, np.random.Generator):
         return generator

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from specsampling.errors import InvalidDistribution
 from specsampling.shapes import Shape
 
 #: The two-sided 95% quantile of the standard normal.
@@ -49,7 +50,12 @@ class Estimate:
 
     @property
     def ci(self) -> tuple[float, float]:
-        """The 95% normal confidence interval ``(low, high)``."""
+        """The 95% normal confidence interval ``(low, high)``: ``mean +- 1.96 stderr``.
+
+        The normal approximation, reliable from a few hundred trees. At tens of trees, and when
+        every tree gives the same count (``stderr`` 0, a zero-width interval), it can be far too
+        narrow: use more trees or the Rao-Blackwellised method.
+        """
         return (self.mean - Z95 * self.stderr, self.mean + Z95 * self.stderr)
 
     @property
@@ -61,11 +67,21 @@ class Estimate:
     def of(
         cls, values: Any, method: str = "plain", variance_ratio: float | None = None
     ) -> Estimate:
-        """The estimate from per-tree ``values`` (at least two)."""
+        """The estimate from per-tree ``values`` (at least two, all finite).
+
+        >>> Estimate.of([1.0, float("nan")])
+        Traceback (most recent call last):
+        ...
+        specsampling.errors.InvalidDistribution: values: NaN or inf at index 1
+        """
         data = np.asarray(values, dtype=np.float64)
         n = int(data.size)
         if n < 2:
             raise ValueError(f"values: need at least two values for a standard error, got {n}")
+        finite = np.isfinite(data).ravel()
+        if not finite.all():
+            index = int(np.flatnonzero(~finite)[0])
+            raise InvalidDistribution(f"values: NaN or inf at index {index}")
         stderr = float(data.std(ddof=1) / math.sqrt(n))
         return cls(float(data.mean()), stderr, n, method, variance_ratio)
 

@@ -9,11 +9,13 @@ deep inside, and never accepted silently. The torch surfaces have their own swee
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
 import numpy as np
 import pytest
 
 import specsampling as ss
+from specsampling import calculators
 from specsampling import continuous as c
 from specsampling import simulators as sim
 from specsampling.keyed import watermark as wm
@@ -28,6 +30,10 @@ pair = ss.pairs.Stationary(p, q)
 shape = ss.Shape.chain(2)
 m = np.zeros(3)
 d = np.ones(3) * 0.1
+rand = ss.pairs.Random(3, seed=1)
+tree1 = ss.DraftTree.chain([0], law=ss.DrawLaw.IID)
+tree2 = ss.DraftTree.chain([0, 1], law=ss.DrawLaw.IID)
+tree7 = ss.DraftTree.chain([7], law=ss.DrawLaw.IID)
 
 
 def rng() -> np.random.Generator:
@@ -250,6 +256,75 @@ CALLS = [
     pytest.param(lambda: ss.pairs.Random(0, seed=0), id="pairs.Random vocab 0"),
     pytest.param(lambda: ss.pairs.Random("3", seed=0), id="pairs.Random vocab str"),
     pytest.param(lambda: ss.pairs.Random(3, seed="x"), id="pairs.Random seed str"),
+    pytest.param(
+        lambda: calculators.nss_expected_accepted(None, np.full((2, 3), 1 / 3)),
+        id="nss_expected_accepted tree None",
+    ),
+    pytest.param(
+        lambda: calculators.nss_expected_accepted(tree1, np.full((2, 3), np.nan)),
+        id="nss_expected_accepted table nan",
+    ),
+    pytest.param(
+        lambda: calculators.nss_expected_accepted(tree1, np.full((2, 3), 0.9)),
+        id="nss_expected_accepted table mass 2.7",
+    ),
+    pytest.param(
+        lambda: calculators.nss_expected_accepted(tree2, np.full((1, 3), 1 / 3)),
+        id="nss_expected_accepted table short",
+    ),
+    pytest.param(
+        lambda: calculators.nss_expected_accepted(tree1, np.full((3,), 1 / 3)),
+        id="nss_expected_accepted table 1-D",
+    ),
+    pytest.param(
+        lambda: calculators.nss_expected_accepted(tree7, np.full((2, 3), 1 / 3)),
+        id="nss_expected_accepted token out of range",
+    ),
+    pytest.param(
+        lambda: calculators.chain_expected_accepted(rand, 2, (9,)),
+        id="chain_expected_accepted prefix out of range",
+    ),
+    pytest.param(
+        lambda: calculators.chain_expected_accepted(pair, 2, "ab"),
+        id="chain_expected_accepted prefix str",
+    ),
+    pytest.param(
+        lambda: calculators.chain_expected_accepted(None, 2), id="chain_expected_accepted pair None"
+    ),
+    pytest.param(
+        lambda: calculators.chain_expected_accepted([0.5, 0.5], 2),
+        id="chain_expected_accepted pair list",
+    ),
+    pytest.param(
+        lambda: calculators.block_expected_accepted(rand, 2, (9,)),
+        id="block_expected_accepted prefix out of range",
+    ),
+    pytest.param(
+        lambda: calculators.block_expected_accepted(None, 2), id="block_expected_accepted pair None"
+    ),
+    pytest.param(
+        lambda: calculators.block_expected_accepted([0.5, 0.5], 2),
+        id="block_expected_accepted pair list",
+    ),
+    pytest.param(
+        lambda: sim.search_shape("nss", rand, 4, method="opt-tree", max_depth=0, num_trees=4),
+        id="sim.search_shape opt-tree max_depth 0",
+    ),
+    pytest.param(lambda: sim.sweep("standard", pair, None, 10), id="sim.sweep shapes None"),
+    pytest.param(lambda: sim.sweep("standard", pair, [], 10), id="sim.sweep shapes empty"),
+    pytest.param(
+        lambda: sim.sweep("standard", pair, [shape], 10, seed_per_shape="no"),
+        id="sim.sweep seed_per_shape str",
+    ),
+    pytest.param(lambda: sim.Estimate.of([1.0, np.nan]), id="sim.Estimate.of nan"),
+    pytest.param(lambda: sim.Estimate.of([1.0, np.inf]), id="sim.Estimate.of inf"),
+    pytest.param(lambda: sim.OptTree(3, threshold=True), id="sim.OptTree threshold bool"),
+    pytest.param(
+        lambda: sim.estimate("standard", pair, shape, 10, generator=-1), id="sim.estimate gen -1"
+    ),
+    pytest.param(
+        lambda: sim.pairs.Synthetic(vocab_size=4).roots(2, "x"), id="Synthetic.roots gen str"
+    ),
 ]
 
 
@@ -285,3 +360,42 @@ def test_output_paths_are_refused_the_same_way_on_every_surface(tmp_path, capsys
     assert "--plots: cannot make the directory" in capsys.readouterr().err
     assert models_main(["--cache", str(blocker / "cache"), "fetch", "smollm2-135m"]) == 2
     assert "--cache: cannot make the directory" in capsys.readouterr().err
+
+
+def test_expected_length_calculators_check_like_their_neighbours() -> None:
+    """``nss_expected_accepted`` checks its table as ``conditional_emitted`` does, and the chain
+    calculators check ``pair`` and ``prefix`` as ``expected_emitted`` does: same messages."""
+    uniform = np.full((2, 3), 1 / 3)
+    for table in (np.full((2, 3), np.nan), np.full((2, 3), 0.9)):
+        with pytest.raises(ss.InvalidDistribution) as want:
+            sim.conditional_emitted("nss", tree1, table, uniform)
+        with pytest.raises(ss.InvalidDistribution) as got:
+            calculators.nss_expected_accepted(tree1, table)
+        assert str(got.value) == str(want.value)
+    with pytest.raises(ss.InvalidDistribution, match=r"^target_probs: expected .* shape \(3, "):
+        calculators.nss_expected_accepted(tree2, np.full((1, 3), 1 / 3))
+    with pytest.raises(ss.InvalidDistribution, match=r"^tree: token id 7 >= vocab_size 3"):
+        calculators.nss_expected_accepted(tree7, uniform)
+    with pytest.raises(TypeError, match=r"^tree: expected a DraftTree, got NoneType"):
+        calculators.nss_expected_accepted(None, uniform)
+    # Valid tables still answer: nested lists as arrays, Fractions exactly.
+    rows = [[0.5, 0.5], [0.25, 0.75], [1.0, 0.0]]
+    chain = ss.DraftTree.chain([1, 0])
+    assert calculators.nss_expected_accepted(chain, rows) == 0.625
+    half = [Fraction(1, 2), Fraction(1, 2)]
+    exact = np.array([half, half, half], dtype=object)
+    assert calculators.nss_expected_accepted(ss.DraftTree.chain([0, 1]), exact) == Fraction(3, 4)
+
+    with pytest.raises(ss.InvalidDistribution) as want:
+        ss.expected_emitted("standard", rand, ss.Shape.chain(2), (9,))
+    assert str(want.value) == "prefix[0]: id 9 out of range [0, 3)"
+    for calculator in (calculators.chain_expected_accepted, calculators.block_expected_accepted):
+        with pytest.raises(ss.InvalidDistribution) as got:
+            calculator(rand, 2, (9,))
+        assert str(got.value) == str(want.value)
+        with pytest.raises(TypeError, match=r"^pair: expected a model pair"):
+            calculator(None, 2)
+        with pytest.raises(ValueError, match=r"^length: expected an integer >= 0"):
+            calculator(rand, -1)
+        # A numpy prefix is a prefix; the value is that of the tuple.
+        assert calculator(rand, 2, np.array([1])) == calculator(rand, 2, (1,))

@@ -158,6 +158,17 @@ def test_synthetic_bad_input(kwargs: dict, error: type, match: str) -> None:
         sim.pairs.Synthetic(**kwargs)
 
 
+def test_synthetic_roots_take_a_generator_as_the_estimators_do() -> None:
+    """``roots`` takes what ``estimate``'s ``generator`` takes: ``None``, a seed or a Generator."""
+    pair = sim.pairs.Synthetic(vocab_size=6)
+    assert pair.roots(3, 5) == pair.roots(3, np.random.default_rng(5))
+    assert len(pair.roots(2, None)) == 2 and all(len(r) == 4 for r in pair.roots(2, None))
+    with pytest.raises(TypeError, match=r"^generator: expected None, an integer seed"):
+        pair.roots(2, "x")
+    with pytest.raises(ValueError, match=r"^generator: expected a seed >= 0, got -1"):
+        pair.roots(2, -1)
+
+
 def test_synthetic_bad_prefix() -> None:
     with pytest.raises(ValueError, match="prefix"):
         sim.pairs.Synthetic(vocab_size=4).target((4,))
@@ -323,6 +334,11 @@ def test_estimate_emitted_returns_the_shared_estimate() -> None:
             TypeError,
             "generator",
         ),
+        (
+            lambda p: sim.estimate("standard", p, ss.Shape.chain(2), 10, generator=-1),
+            ValueError,
+            r"^generator: expected a seed >= 0, got -1",
+        ),
         (lambda p: sim.compare([], p, ss.Shape.chain(2), 10), ValueError, "schemes"),
         (
             lambda p: sim.compare(["nss", "nss"], p, ss.Shape.chain(2), 10),
@@ -335,6 +351,24 @@ def test_estimate_emitted_returns_the_shared_estimate() -> None:
 def test_bad_input(call, error: type, match: str) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(error, match=match):
         call(sim.pairs.Synthetic(vocab_size=4))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_estimate_of_refuses_non_finite_values(bad: float) -> None:
+    """A NaN or infinite per-tree value would give a NaN mean or standard error: refused."""
+    with pytest.raises(ss.InvalidDistribution, match=r"^values: NaN or inf at index 1"):
+        sim.Estimate.of([1.0, bad, 2.0])
+    assert sim.Estimate.of([1.0, 2.0]).mean == 1.5
+
+
+def test_the_interval_is_the_normal_approximation() -> None:
+    """Equal per-tree values give a standard error of 0 and a zero-width interval: the documented
+    limit of the normal interval at few trees (docs/simulators.md, ``estimate``)."""
+    est = sim.Estimate.of([2.0] * 20)
+    assert est.stderr == 0 and est.ci == (2.0, 2.0)
+    for text in (sim.estimate.__doc__ or "", sim.Estimate.ci.__doc__ or ""):
+        assert "normal approximation" in " ".join(text.split())
+        assert "Rao-Blackwell" in text
 
 
 def test_estimate_at_a_real_vocabulary_size() -> None:

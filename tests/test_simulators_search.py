@@ -78,6 +78,14 @@ def test_policies_are_frozen_values() -> None:
         NoTrees()  # type: ignore[abstract]
 
 
+@pytest.mark.parametrize("threshold", [True, False])
+def test_opt_tree_threshold_is_a_number_not_a_bool(threshold: bool) -> None:
+    """A boolean is not taken for 1 or 0, as everywhere a number is expected."""
+    with pytest.raises(ValueError, match=r"^threshold: expected a finite number >= 0, got "):
+        OptTree(3, threshold=threshold)
+    assert OptTree(3, threshold=1).threshold == 1.0 and OptTree(3, threshold=0).threshold == 0.0
+
+
 def test_nss_on_policy_trees_is_the_closed_form() -> None:
     """NSS on a fixed tree: E[tau + 1] = 1 + sum over nodes of the target's path probability."""
     target = np.array([0.6, 0.3, 0.1])
@@ -174,6 +182,33 @@ def test_ddtree_and_opt_tree_searches() -> None:
         sim.search_shape("nss", pair, 6, method="beam")
     with pytest.raises(ValueError, match="cost"):
         sim.search_shape("nss", pair, 6, objective="tokens-per-second")
+
+
+def test_opt_tree_search_refuses_max_depth_zero() -> None:
+    """``max_depth=0`` is refused as the other methods refuse it; ``None`` is OPT-Tree's 10."""
+    pair = ss.pairs.Random(3, seed=1)
+    run = {"budget": 4, "method": "opt-tree", "num_trees": 4, "rounds": 1, "generator": 0}
+    for method in ("opt-tree", "ddtree", "verifier"):
+        with pytest.raises(ValueError, match=r"^max_depth: expected an integer >= 1, got 0"):
+            sim.search_shape("nss", pair, **{**run, "method": method}, max_depth=0)
+    assert {s.max_depth for s, _, _ in sim.search_shape("nss", pair, **run).candidates} == {10}
+    shallow = sim.search_shape("nss", pair, **run, max_depth=2)
+    assert {s.max_depth for s, _, _ in shallow.candidates} == {2}
+
+
+def test_sweep_checks_its_shapes_and_flag() -> None:
+    pair = ss.pairs.Random(vocab_size=3, seed=0)
+    with pytest.raises(TypeError, match=r"^shapes: expected a sequence of shapes"):
+        sim.sweep("standard", pair, None, 10)
+    with pytest.raises(TypeError, match=r"^shapes: expected a sequence of shapes"):
+        sim.sweep("standard", pair, ss.Shape.chain(2), 10)
+    with pytest.raises(ValueError, match=r"^shapes: expected at least one shape, got none"):
+        sim.sweep("standard", pair, [], 10)
+    with pytest.raises(ValueError, match=r"^seed_per_shape: expected True or False, got 'no'"):
+        sim.sweep("standard", pair, [ss.Shape.chain(1)], 10, seed_per_shape="no")
+    # Any iterable of shapes, a generator expression included, is a list of shapes.
+    out = sim.sweep("standard", pair, (ss.Shape.chain(n) for n in (1, 2)), 10, generator=0)
+    assert [s for s, _ in out] == [ss.Shape.chain(1), ss.Shape.chain(2)]
 
 
 def test_delayed_grid_and_sweep() -> None:

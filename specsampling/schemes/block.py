@@ -32,9 +32,8 @@ from ..noise import Noise
 from ..ops import categorical, positive_part, total
 from ..pairs import ModelPair
 from ..tree import DraftTree
-from ..validation import check_positive_int
 from .base import NodeLaw, TreeScheme, Verdict, VerdictLaw
-from .standard import standard_acceptance
+from .standard import check_chain_arguments, standard_acceptance
 
 
 class Block(TreeScheme):
@@ -164,14 +163,16 @@ def block_expected_accepted(pair: ModelPair, length: int, prefix: Prefix = ()) -
 
     :math:`w_i = \min(1, w_{i-1} p_i(x_i) / q_i(x_i))` is the capped cumulative likelihood
     ratio (Sun et al. 2024). Enumerates drafted prefixes (``vocab ** (length - 1)`` at most).
+    The arguments are checked as in
+    :func:`~specsampling.schemes.standard.chain_expected_accepted`.
 
     >>> from fractions import Fraction as F
     >>> from specsampling.pairs import Stationary
     >>> block_expected_accepted(Stationary([F(1, 3), F(2, 3)], [F(2, 3), F(1, 3)]), 2)
     Fraction(11, 9)
     """
-    length = check_positive_int(length, "length", minimum=0)
-    return _block_sum(pair, length, tuple(prefix), 1)
+    pair, length, prefix = check_chain_arguments(pair, length, prefix)
+    return _block_sum(pair, length, prefix, 1)
 
 
 def _block_sum(pair: ModelPair, length: int, prefix: Prefix, weight: Any) -> Any:

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from .._types import Probs
+from ..errors import InvalidDistribution
 from ..noise import Noise
 from ..ops import categorical, total
 from ..tree import DraftTree, DrawLaw
-from ..validation import check_pair, check_positive_int
+from ..validation import as_real_array, check_pair, check_positive_int, check_rows
 from .base import NodeScheme, Step
 
 
@@ -84,13 +87,36 @@ def nss_expected_accepted(tree: DraftTree, target_probs: Probs) -> Any:
     .. math:: E[\tau] = \sum_{v \ne \text{root}} \prod_{u \in \text{path}(v)} p(u \mid
               \text{parent}(u)),
 
-    with ``target_probs[n]`` the target after node ``n``.
+    with ``target_probs[n]`` the target after node ``n``: one row per node, float or
+    ``Fraction``, checked as the verifiers check their tables
+    (:func:`~specsampling.validation.check_rows`: NaN or inf, a negative entry, mass not one;
+    not renormalised), and every drafted token in range; ``tree`` must be a
+    :class:`~specsampling.DraftTree`. Each refusal names its argument.
 
     >>> import numpy as np
     >>> tree = DraftTree.chain([1, 0])
     >>> float(nss_expected_accepted(tree, np.array([[0.5, 0.5], [0.25, 0.75], [1.0, 0.0]])))
     0.625
+    >>> nss_expected_accepted(tree, np.full((3, 2), np.nan))
+    Traceback (most recent call last):
+    ...
+    specsampling.errors.InvalidDistribution: target_probs[0]: NaN or inf at index 0
     """
+    if not isinstance(tree, DraftTree):
+        raise TypeError(f"tree: expected a DraftTree, got {type(tree).__name__}")
+    table = target_probs
+    if not isinstance(table, np.ndarray):
+        table = as_real_array(table, "target_probs")[0]
+    if table.ndim != 2 or len(table) != tree.num_nodes:
+        raise InvalidDistribution(
+            f"target_probs: expected an array of shape ({tree.num_nodes}, vocab_size), got "
+            f"shape {table.shape}"
+        )
+    check_rows(table, "target_probs")
+    vocab_size = table.shape[1]
+    if max(tree.tokens) >= vocab_size:
+        raise InvalidDistribution(f"tree: token id {max(tree.tokens)} >= vocab_size {vocab_size}")
+    target_probs = table
     reach: list[Any] = [1] * tree.num_nodes
     result: Any = 0 * target_probs[0][0]
     for node in range(1, tree.num_nodes):

@@ -26,9 +26,9 @@ import numpy as np
 from .._types import Prefix, Probs
 from ..noise import Noise
 from ..ops import standard_step, standard_step_law, total
-from ..pairs import ModelPair, Stationary
+from ..pairs import ModelPair, Stationary, check_model_pair
 from ..tree import DraftTree
-from ..validation import check_pair, check_positive_int
+from ..validation import check_pair, check_positive_int, check_prefix
 from .base import NodeScheme, Step
 
 
@@ -84,13 +84,32 @@ def chain_expected_accepted(pair: ModelPair, length: int, prefix: Prefix = ()) -
 
     Enumerates the contexts with positive overlap (``vocab ** (length - 1)`` at most); for a
     :class:`~specsampling.pairs.Stationary` pair it is :math:`\sum_{i \le \gamma} \beta^i`.
+    ``pair``, ``length`` and ``prefix`` are checked as :func:`~specsampling.expected_emitted`
+    checks them (:func:`check_chain_arguments`).
 
     >>> from fractions import Fraction as F
-    >>> from specsampling.pairs import Stationary
+    >>> from specsampling.pairs import Random, Stationary
     >>> chain_expected_accepted(Stationary([F(1, 3), F(2, 3)], [F(2, 3), F(1, 3)]), 2)
     Fraction(10, 9)
+    >>> chain_expected_accepted(Random(3, seed=1), 2, (9,))
+    Traceback (most recent call last):
+    ...
+    specsampling.errors.InvalidDistribution: prefix[0]: id 9 out of range [0, 3)
     """
+    pair, length, prefix = check_chain_arguments(pair, length, prefix)
+    return _chain_expected(pair, length, prefix)
+
+
+def check_chain_arguments(pair: Any, length: Any, prefix: Any) -> tuple[ModelPair, int, Prefix]:
+    """The chain calculators' arguments, checked in :func:`~specsampling.expected_emitted`'s
+    order: a model pair, a length >= 0, a prefix of token ids in range (each refusal names its
+    argument)."""
+    pair = check_model_pair(pair)
     length = check_positive_int(length, "length", minimum=0)
+    return pair, length, check_prefix(prefix, pair.vocab_size)
+
+
+def _chain_expected(pair: ModelPair, length: int, prefix: Prefix) -> Any:
     if isinstance(pair, Stationary):
         beta = total(np.minimum(pair.target(()), pair.draft(())))
         return sum((beta**i for i in range(1, length + 1)), 0 * beta)
@@ -100,7 +119,7 @@ def chain_expected_accepted(pair: ModelPair, length: int, prefix: Prefix = ()) -
     result: Any = total(overlap)
     if length > 1:
         for token in np.flatnonzero(np.asarray(overlap > 0, dtype=bool)):
-            deeper = chain_expected_accepted(pair, length - 1, (*prefix, int(token)))
+            deeper = _chain_expected(pair, length - 1, (*prefix, int(token)))
             result = result + overlap[token] * deeper
     return result
 
