@@ -19,9 +19,10 @@ Pairs 1.5B/0.5B and 7B/0.5B (the 7B's vocabulary is set to the 0.5B's 151,936 so
 it; the real 7B pads to 152,064), B in {1, 8, 32}, ``standard`` chains of 4 and ``traversal``
 on ``paths(2, 3)``, 64 new tokens from a 128-token random prompt per row, T = 1. Reported:
 tokens/s, plain decoding's tokens/s in the same run (the target alone), block efficiency, and
-the split of round time into draft, target and verify; the goal is verify under 5% of the
-round. Each result is appended to ``OUT_DIR/decode.md`` and ``decode.json`` as it is measured,
-so a run cut short keeps what it did; ``--deadline-s`` skips what would not fit.
+the split of the rounds' draft, target and verify time (each phase waited for on the device at
+its end; bookkeeping between phases is outside the split); the goal is verify under 5% of it.
+Each result is appended to ``OUT_DIR/decode.md`` and ``decode.json`` as it is measured, so a run
+cut short keeps what it did; ``--deadline-s`` skips what would not fit.
 """
 
 from __future__ import annotations
