@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 import itertools
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -153,8 +153,8 @@ def certify_torch(
     * **path-wise**: for each pair of :func:`_torch_pairs`, one batch mixing
       :data:`TORCH_DRAFTS` drafted trees of every supported shape, each with random noise,
       the boundary uniforms ``0`` and ``LARGEST_BELOW_ONE`` (all lanes, and accept/sample
-      crossed), shuffled: every row's lowered verdict and emitted tokens must equal the
-      reference's.
+      crossed) and the accept tests' own boundaries (:func:`_ratio_noises`), shuffled: every
+      row's lowered verdict and emitted tokens must equal the reference's.
     * **law**: the exact law belongs to the reference (certified by :func:`certify`); the
       lowering has it iff it makes the reference's decision for every tree and noise. This
       check extends the path-wise equality from sampled trees to *every* tree the shape can
@@ -166,7 +166,8 @@ def certify_torch(
       it is not a proof of equality between them (the chi-square of sampled lowered rounds
       against ``round_law`` is in ``tests/test_gpu_fuzz.py``).
     * **refusals**: a tree of a refused shape whose law the reference is not exact for must be
-      refused by the lowering with :class:`~specsampling.UnsupportedShape`.
+      refused by the lowering with :class:`~specsampling.UnsupportedShape`, alone and after a
+      tree of a supported shape in the same batch.
 
     Keyed couplings lowered as keyed objects are checked by comparing the streams of
     ``specsampling.gpu.generate`` (one batch of the keys :data:`TORCH_KEYS`) with
@@ -282,11 +283,12 @@ def _run_torch(
                 ssg, lowering, reference, rounds, label, "law", device, support=True
             )
         tick(f"{name} {shape!r}")
+    companion = _companion(shapes)
     for shape in refused:
-        violations += _check_torch_refusal(ssg, lowering, reference, shape, device)
+        violations += _check_torch_refusal(ssg, lowering, reference, shape, device, companion)
         tick(f"{name} refuses {shape!r}")
     if not reference.exact_for(DrawLaw.GRAFTED, False):
-        violations += _check_torch_grafted_refusal(ssg, lowering, device)
+        violations += _check_torch_grafted_refusal(ssg, lowering, device, companion)
     rows = [row for _, rounds in pathwise for row in rounds]
     return TorchSchemeReport(
         name,
@@ -325,11 +327,34 @@ def _law_pairs(shape: Shape) -> list[tuple[str, ModelPair]]:
     return pairs
 
 
-def _torch_noises(rng: np.random.Generator, num_nodes: int) -> list[Noise]:
-    """A random draw, both boundary uniforms on every lane, and the two crossed."""
+def _torch_noises(
+    rng: np.random.Generator, tree: DraftTree, target: Any, draft: Any
+) -> list[Noise]:
+    """A random draw, both boundary uniforms on every lane, the two crossed, and the accept
+    tests' own boundaries (:func:`_ratio_noises`)."""
+    num_nodes = tree.num_nodes
     grid = [(0.0, 0.0), (LARGEST_BELOW_ONE, LARGEST_BELOW_ONE), *TORCH_LAW_GRID]
     full = [Noise(np.full(num_nodes, a), np.full(num_nodes, s)) for a, s in grid]
-    return [Noise.draw(rng, num_nodes), *full]
+    return [Noise.draw(rng, num_nodes), *full, *_ratio_noises(rng, tree, target, draft)]
+
+
+def _ratio_noises(
+    rng: np.random.Generator, tree: DraftTree, target: Any, draft: Any
+) -> list[Noise]:
+    r"""Noise on the accept tests' boundaries: each node's accept uniform at ``fl(p(x) / q(x))``
+    of its token under its parent's tables, and one float below it (``LARGEST_BELOW_ONE`` where
+    the ratio is at least 1, 0 where ``q(x) = 0``), sample uniforms random. A test written
+    another way than the reference's ``u q(x) < p(x)`` (``u < p(x) / q(x)``, say) decides some
+    of these differently: a random uniform almost never lands there."""
+    parents, tokens = tree.parents, tree.tokens
+    ratios = np.zeros(tree.num_nodes)
+    for node in range(1, tree.num_nodes):
+        p = float(target[parents[node]][tokens[node]])
+        q = float(draft[parents[node]][tokens[node]]) if draft is not None else 1.0
+        ratios[node] = p / q if q > 0 else 0.0
+    at = np.where(ratios >= 1, LARGEST_BELOW_ONE, ratios)
+    below = np.where(at > 0, np.nextafter(at, 0.0), 0.0)
+    return [Noise(accept, rng.random(tree.num_nodes)) for accept in (at, below)]
 
 
 def _pathwise_rows(reference: Scheme, shapes: tuple[Shape, ...]) -> list[tuple[str, list[_Round]]]:
@@ -350,9 +375,8 @@ def _pathwise_rows(reference: Scheme, shapes: tuple[Shape, ...]) -> list[tuple[s
                     trees += [drawn.graft(lookup_guess(())), drawn.graft([*first, 0, 1])]
                 for tree in dict.fromkeys(trees):  # a guess that adds nothing: once
                     target, draft = tables(pair, tree)
-                    rounds += [
-                        (shape, tree, target, draft, n) for n in _torch_noises(rng, tree.num_nodes)
-                    ]
+                    noises = _torch_noises(rng, tree, target, draft)
+                    rounds += [(shape, tree, target, draft, n) for n in noises]
         order = rng.permutation(len(rounds))
         batches.append((label, [rounds[i] for i in order]))
     return batches
@@ -446,27 +470,48 @@ def _noise_text(noise: Noise) -> str:
     return f"accept={lane(noise.accept)} sample={lane(noise.sample)}"
 
 
+def _companion(shapes: tuple[Shape, ...]) -> list[_Round]:
+    """A round of a supported shape (none if there is none) that the refusal checks put first
+    in their batch: a tree the lowering must refuse is refused wherever it sits in a batch, not
+    only as the first row."""
+    if not shapes:
+        return []
+    pair = _torch_pairs()[0][1]
+    tree = shapes[0].draft(pair, np.random.default_rng(0))
+    target, draft = tables(pair, tree)
+    return [(shapes[0], tree, target, draft, Noise.constant(0.5, tree.num_nodes))]
+
+
 def _check_torch_refusal(
-    ssg: Any, lowering: Any, reference: TreeVerifier, shape: Shape, device: str
+    ssg: Any,
+    lowering: Any,
+    reference: TreeVerifier,
+    shape: Shape,
+    device: str,
+    companion: list[_Round],
 ) -> list[Violation]:
     """A tree of a refused shape that the reference is not exact for must raise
-    ``UnsupportedShape`` from the lowering too."""
+    ``UnsupportedShape`` from the lowering too, alone and after a supported tree."""
     pair = _torch_pairs()[0][1]
     for tree, _ in shape.enumerate(pair):
         if reference.exact_for(tree.law, tree.is_chain):
             continue
         silent = f"the lowering silently verified a tree of law {tree.law.value!r}"
-        return _unrefused_by(ssg, lowering, device, pair, shape, tree, repr(shape), silent)
+        return _unrefused_by(
+            ssg, lowering, device, pair, shape, tree, repr(shape), silent, companion
+        )
     return []
 
 
-def _check_torch_grafted_refusal(ssg: Any, lowering: Any, device: str) -> list[Violation]:
+def _check_torch_grafted_refusal(
+    ssg: Any, lowering: Any, device: str, companion: list[_Round]
+) -> list[Violation]:
     """A lowering whose reference is not exact for grafted trees must refuse one."""
     pair = _torch_pairs()[0][1]
     tree = DraftTree.chain([0], law="iid").graft(lookup_guess(()))
     silent = "the lowering silently verified a grafted tree"
     return _unrefused_by(
-        ssg, lowering, device, pair, Shape.chain(1), tree, "grafted chain(1)", silent
+        ssg, lowering, device, pair, Shape.chain(1), tree, "grafted chain(1)", silent, companion
     )
 
 
@@ -479,20 +524,27 @@ def _unrefused_by(
     tree: DraftTree,
     where: str,
     silent: str,
+    companion: Sequence[_Round] = (),
 ) -> list[Violation]:
     """A ``refusal`` violation (at ``where``, on the first stationary pair ``pair``) unless
-    the lowering raises ``UnsupportedShape`` on ``tree``; ``silent``: the detail if it runs."""
+    the lowering raises ``UnsupportedShape`` on ``tree``, alone and after the ``companion``
+    rows; ``silent``: the detail if it runs."""
     target, draft = tables(pair, tree)
-    rows: list[_Round] = [(shape, tree, target, draft, Noise.constant(0.5, tree.num_nodes))]
-    try:
-        _run_rows(ssg, lowering, rows, device)
-    except UnsupportedShape:
-        return []
-    except Exception as err:
-        detail = f"the lowering raised {_describe(err)} instead of UnsupportedShape"
-    else:
-        detail = silent
-    return [Violation(where, "stationary: " + STATIONARY[0][0], "refusal", detail)]
+    row: _Round = (shape, tree, target, draft, Noise.constant(0.5, tree.num_nodes))
+    batches = [[row], [*companion, row]] if companion else [[row]]
+    for rows in batches:
+        try:
+            _run_rows(ssg, lowering, rows, device)
+        except UnsupportedShape:
+            continue
+        except Exception as err:
+            detail = f"the lowering raised {_describe(err)} instead of UnsupportedShape"
+        else:
+            detail = silent
+        if len(rows) > 1:
+            detail += " (as the second row of a batch; alone it was refused)"
+        return [Violation(where, "stationary: " + STATIONARY[0][0], "refusal", detail)]
+    return []
 
 
 def _run_keyed(

@@ -59,6 +59,22 @@ class PaddingSelectable(RSD):
         return torch.ones_like(candidate_nodes, dtype=torch.bool)
 
 
+class RatioAccept(Standard):
+    """``u < p / q``: the same test in exact arithmetic, another one in float64 (where
+    ``fl(u q) = p`` and ``u`` lies one float below ``fl(p / q)``)."""
+
+    def accepts(self, u: torch.Tensor, target_x: torch.Tensor, draft_x: torch.Tensor) -> Any:
+        return u < target_x.double() / draft_x.double()
+
+
+class FirstRowRefusal(Standard):
+    """Refuses a tree its reference is not exact for only as the first row of a batch."""
+
+    def check_batch(self, batch: Any) -> None:
+        if batch.laws and not self.reference_scheme.exact_for(batch.laws[0], batch.chains[0]):
+            raise ss.UnsupportedShape("refused")
+
+
 class SilentRefusal(Standard):
     """Verifies trees of any law: exact on chains, but never refuses an i.i.d. star."""
 
@@ -161,6 +177,19 @@ def test_mutants_fail_the_pathwise_and_the_law_check(mutant: Any) -> None:
     assert not scheme.certified and exit_code(report) == 1
     assert {"path-wise", "law"} <= kinds(report)
     assert "VIOLATION" in format_torch_report(report)
+
+
+def test_accept_tests_are_probed_on_their_own_boundaries() -> None:
+    """Random uniforms almost never land where ``u q(x) < p(x)`` and ``u < p(x) / q(x)``
+    disagree; the noise rows at ``fl(p(x) / q(x))`` and one float below it do."""
+    (scheme,) = certify_torch([RatioAccept()]).schemes
+    assert not scheme.certified and "path-wise" in {v.kind for v in scheme.violations}
+
+
+def test_a_refused_tree_after_a_supported_one_is_still_refused() -> None:
+    (scheme,) = certify_torch([FirstRowRefusal()]).schemes
+    assert not scheme.certified and {v.kind for v in scheme.violations} == {"refusal"}
+    assert all("as the second row of a batch" in v.detail for v in scheme.violations)
 
 
 def test_silent_refusal_and_crash_are_violations() -> None:
