@@ -58,6 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             as_json=args.json,
             show_progress=not args.no_progress,
             backend=args.backend,
+            device=args.device,
         )
     if args.command == "compare":
         try:
@@ -155,6 +156,12 @@ def _parser() -> argparse.ArgumentParser:
         "check every torch lowering (specsampling.gpu) path-wise against its certified "
         "reference on every built-in shape, drafted and enumerated trees with boundary noise; "
         "schemes not lowered yet fail (needs torch)",
+    )
+    run.add_argument(
+        "--device",
+        metavar="DEVICE",
+        help="with --backend torch: the torch device the lowerings run on (default cpu; e.g. "
+        "cuda, cuda:1)",
     )
     run.add_argument("--json", action="store_true", help="print a machine-readable report")
     run.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -270,15 +277,44 @@ def _scheme_name(name: str) -> str:
     return name
 
 
+def _device_problem(device: str) -> str:
+    """Why ``device`` cannot run the lowerings here (empty if it can): not a torch device, or
+    a CUDA device on a machine without one."""
+    try:
+        import torch
+    except ImportError:
+        return ""  # certify_torch says how to install torch
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError) as err:
+        return f"{device!r} is not a torch device ({str(err).splitlines()[0]})"
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        return f"{device!r}: no CUDA device on this machine"
+    return ""
+
+
 def _certify(
-    names: list[str] | None, *, as_json: bool, show_progress: bool, backend: str = "numpy"
+    names: list[str] | None,
+    *,
+    as_json: bool,
+    show_progress: bool,
+    backend: str = "numpy",
+    device: str | None = None,
 ) -> int:
+    if device is not None and backend != "torch":
+        sys.stderr.write("specsampling certify: --device: only with --backend torch\n")
+        return 2
+    if backend == "torch" and device is not None:
+        problem = _device_problem(device)
+        if problem:
+            sys.stderr.write(f"specsampling certify: --device: {problem}\n")
+            return 2
     bar = _Bar(sys.stderr) if show_progress else None
     selected = None if names is None else list(dict.fromkeys(names))
     report: Report | TorchReport
     if backend == "torch":
         try:
-            report = certify_torch(selected, progress=bar)
+            report = certify_torch(selected, progress=bar, device=device or "cpu")
         except ImportError as err:  # torch (or specsampling.gpu) is missing
             if bar is not None:
                 bar.close()

@@ -159,6 +159,19 @@ def test_bad_backend_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> Non
 
 
 # ---------------------------------------------------------------- violations are caught
+def test_device_option(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["certify", "--backend", "torch", "--no-progress", "--scheme", "standard"]
+    assert main([*base, "--device", "cpu"]) == 0
+    assert "float64 on cpu" in capsys.readouterr().out
+    assert main([*base, "--device", "nope"]) == 2
+    assert "certify: --device: 'nope' is not a torch device" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert main([*base, "--device", "cuda"]) == 2
+        assert "--device: 'cuda': no CUDA device on this machine" in capsys.readouterr().err
+    assert main(["certify", "--scheme", "standard", "--device", "cpu"]) == 2
+    assert "--device: only with --backend torch" in capsys.readouterr().err
+
+
 def test_broken_lowering_injected_into_the_registry_fails(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
