@@ -435,7 +435,7 @@ def _softmax(
     if x.dtype != torch.float64:  # the rows that subtract their max: T < 1 and |m| > F T / 2
         bound = divisor * (torch.finfo(x.dtype).max / 2)  # [R, 1]: F T / 2, finite for T <= 1
         below = (temperature.rows[:, None] < 1) & ~greedy & ~(top.abs() <= bound)  # [R, 1]
-        if _reads_are_free(x.device) and not bool(below.any()):  # the usual case: x / T
+        if ops.host_reads_free(x) and not bool(below.any()):  # the usual case: x / T
             scaled = torch.div(x, divisor, out=out)  # [R, V]
             return torch._softmax(scaled, -1, False, out=scaled)
         top = torch.where(below, top, torch.zeros_like(top))  # [R, 1]

@@ -905,6 +905,15 @@ def test_low_temperature_rows_divide_unless_they_could_overflow():
     assert torch.equal(at_edge[1], process(x[:1], 0.5)[0])
 
 
+@pytest.mark.slow
+def test_temperature_compiles_without_graph_breaks():
+    """Under ``torch.compile`` the temperature route reads nothing on the host: the per-row
+    formula, the same values as eager."""
+    x = torch.randn(3, 100, generator=torch.Generator().manual_seed(1)) * 4
+    compiled = torch.compile(lambda t: process(t, 0.7, validate=False), fullgraph=True)
+    assert torch.allclose(compiled(x), process(x, 0.7, validate=False), rtol=1e-6, atol=0)
+
+
 # ----------------------------------------------------------------------------------------------
 # Top-k alone below float64: ranked by the logits, no softmax of the whole row
 
