@@ -911,7 +911,8 @@ def test_temperature_compiles_without_graph_breaks():
     formula, the same values as eager."""
     x = torch.randn(3, 100, generator=torch.Generator().manual_seed(1)) * 4
     compiled = torch.compile(lambda t: process(t, 0.7, validate=False), fullgraph=True)
-    assert torch.allclose(compiled(x), process(x, 0.7, validate=False), rtol=1e-6, atol=0)
+    # inductor fuses its own exp: a few ulps apart
+    assert torch.allclose(compiled(x), process(x, 0.7, validate=False), rtol=1e-5, atol=0)
 
 
 # ----------------------------------------------------------------------------------------------
