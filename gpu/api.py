@@ -21,7 +21,7 @@ from . import ops
 from .noise import Noise
 from .schemes import tree_lowering
 from .schemes.base import Verified
-from .tree import GUESSES_RULE, TreeBatch, guesses_valid
+from .tree import GUESSES_RULE, TreeBatch, guesses_valid, structure_defect, structure_valid
 
 #: Default row-mass tolerance by input dtype (low-precision softmaxes sum to 1 only roughly).
 TOLERANCE = {
@@ -40,24 +40,56 @@ def tables_batch(
     pad: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Stack per-tree ``(num_nodes, V)`` tables into ``[B, N, V]`` tensors, padding the rows
-    of missing nodes with ``pad`` (never read)."""
+    of missing nodes with ``pad`` (never read). ``dtype`` is a float dtype; the draft tables
+    must match the target tables in count, vocabulary and each tree's node count."""
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"dtype: expected a torch float dtype, got {dtype!r}")
     stacked = []
+    shapes: list[tuple[int, ...]] = []
     for name, tables in (("target_tables", target_tables), ("draft_tables", draft_tables)):
         if isinstance(tables, (str, bytes)) or not isinstance(tables, Iterable):
             raise TypeError(f"{name}: expected a sequence of (num_nodes, V) tables, got {tables!r}")
-        arrays = [np.asarray(t, dtype=np.float64) for t in tables]
+        arrays = []
+        for row, table in enumerate(tables):
+            try:
+                array = np.asarray(table)
+            except ValueError as err:  # ragged rows
+                raise ValueError(f"{name}[{row}]: not a (num_nodes, V) table ({err})") from None
+            real = array.dtype.kind in "iuf"
+            if array.dtype.kind == "O":  # Fractions (an exact pair's tables), ints, floats
+                try:
+                    array, real = array.astype(np.float64), array.size > 0
+                except (TypeError, ValueError):
+                    real = False
+            if not real:
+                raise ValueError(
+                    f"{name}[{row}]: expected real numbers, got an array of dtype {array.dtype}"
+                )
+            if array.ndim != 2 or array.shape[1] == 0:
+                raise ValueError(
+                    f"{name}[{row}]: expected a (num_nodes, V) table, got shape {array.shape}"
+                )
+            arrays.append(array.astype(np.float64))
         if not arrays:
             raise ValueError(f"{name}: expected one (num_nodes, V) table per tree, got none")
         for row, array in enumerate(arrays):
-            if array.ndim != 2 or array.shape[1] != arrays[0].shape[1]:
+            if array.shape[1] != arrays[0].shape[1]:
                 raise ValueError(
-                    f"{name}[{row}]: expected shape (num_nodes, {arrays[0].shape[-1]}), got "
+                    f"{name}[{row}]: expected shape (num_nodes, {arrays[0].shape[1]}), got "
                     f"{array.shape}"
                 )
         if stacked and stacked[0].shape[0] != len(arrays):
             raise ValueError(
                 f"draft_tables: {len(arrays)} tables, but target_tables has {stacked[0].shape[0]}"
             )
+        if shapes:
+            for row, (array, want) in enumerate(zip(arrays, shapes, strict=True)):
+                if array.shape != want:
+                    raise ValueError(
+                        f"draft_tables[{row}]: shape {array.shape}, but target_tables[{row}] "
+                        f"has {want} (one row per node, one vocabulary)"
+                    )
+        shapes = [a.shape for a in arrays]
         num_nodes = max(a.shape[0] for a in arrays)
         out = np.full((len(arrays), num_nodes, arrays[0].shape[1]), pad)  # [B, N, V]
         for row, array in enumerate(arrays):
@@ -155,7 +187,9 @@ def check_batch_round(
     tolerance: float | None = None,
 ) -> None:
     """The batched ``check_round``: raise :class:`~specsampling.InvalidDistribution` naming the
-    argument (and the row ``[b, n]``) for the first defect. Only real nodes' rows are checked."""
+    argument (and the row ``[b, n]``) for the first defect: the batch's structure
+    (:func:`~specsampling.gpu.tree.structure_valid`), then the tables (only real nodes' rows),
+    the guesses and the token range."""
     shape = tuple(batch.parents.shape)
     for name, table in (("target_probs", target_probs), ("draft_probs", draft_probs)):
         if not isinstance(table, torch.Tensor) or not table.is_floating_point():
@@ -188,8 +222,12 @@ def check_batch_round(
         ok = (((mass - 1).abs() <= tol) & ~negative) | ~real  # [B, N]
         row_checks.append((name, values, mass, ok, tol))
     guesses_ok = guesses_valid(batch)  # 0-dim
-    if bool(token_ok.all() & row_checks[0][3].all() & row_checks[1][3].all() & guesses_ok):
+    structure_ok = structure_valid(batch).all()  # 0-dim
+    flags = token_ok.all() & row_checks[0][3].all() & row_checks[1][3].all() & guesses_ok
+    if bool(flags & structure_ok):  # the one host read of sound inputs
         return
+    if not bool(structure_ok):
+        raise InvalidDistribution(structure_defect(batch))
     for name, values, mass, ok, tol in row_checks:
         if not bool(ok.all()):
             raise_row_defect(name, values, mass, ok, tol)

@@ -92,6 +92,15 @@ class TreeBatch:
             raise ValueError("TreeBatch: num_nodes must be [B]")
         if self.guesses is not None and self.guesses.shape != (batch_size, num_nodes):
             raise ValueError("TreeBatch: guesses must be [B, N]")
+        if num_nodes < 1:
+            raise ValueError("TreeBatch: every row needs its root (N >= 1 nodes)")
+        for name in ("parents", "tokens", "num_nodes", "candidates", "depth", "guesses"):
+            value = getattr(self, name)
+            if value is None or value.dtype == torch.long:
+                continue
+            if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+                raise ValueError(f"TreeBatch: {name} must be an integer tensor, got {value.dtype}")
+            object.__setattr__(self, name, value.long())  # int32 ids and the like: as int64
         laws = tuple(DrawLaw.of(law) for law in self.laws)
         if len(laws) != batch_size:
             raise ValueError(f"TreeBatch: laws needs one law per row ({batch_size})")
@@ -104,7 +113,9 @@ class TreeBatch:
             counts = (self.candidates != PAD).sum(-1)  # [B, N]
             at = self.depth.clamp(0, num_nodes - 1).reshape(-1)  # [B N] (padding: 0 candidates)
             widest = counts.new_zeros(num_nodes).scatter_reduce(0, at, counts.reshape(-1), "amax")
-            deepest = self.depth.max().clamp_min(0)[None]  # [1]
+            deepest = (
+                self.depth.amax().clamp_min(0)[None] if self.depth.numel() else counts.new_zeros(1)
+            )
             read = torch.cat([(counts <= 1).all(-1).long(), deepest, widest]).tolist()
             if not self.chains:
                 object.__setattr__(self, "chains", tuple(bool(c) for c in read[:batch_size]))
@@ -233,6 +244,8 @@ class TreeBatch:
         >>> TreeBatch.roots(2).num_nodes.tolist()
         [1, 1]
         """
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 0:
+            raise ValueError(f"batch_size: expected an integer >= 0, got {batch_size!r}")
         pad = torch.full((batch_size, 1), PAD, dtype=torch.long, device=device)  # [B, 1]
         return cls(
             parents=pad,
@@ -280,6 +293,81 @@ def guesses_valid(batch: TreeBatch) -> torch.Tensor:
     once = (candidates == guesses[..., None]).sum(-1) == 1  # [B, N]
     placed = grafted[:, None] & (counts > 0) & (last == guesses) & once  # [B, N]
     return ((guesses == PAD) | ((guesses >= 0) & placed)).all()
+
+
+#: What :func:`structure_valid` checks, for the error of ``verify(..., validate=True)``.
+STRUCTURE_RULE = (
+    "a padded forest as TreeBatch.from_trees builds it: 1 <= num_nodes <= N; every real node "
+    "n >= 1 with a parent in [0, n), a token >= 0, its parent's depth + 1 and a place among "
+    "its parent's candidates, which list real children only; the root at depth 0; host "
+    "metadata (max_depth, level_slots, chains) covering the candidates"
+)
+
+
+def structure_valid(batch: TreeBatch) -> torch.Tensor:
+    """``[7]`` bool tensor, no host read: the checks of :data:`STRUCTURE_RULE` in the order
+    :func:`structure_defect` names them (all true for a batch built by :meth:`TreeBatch.
+    from_trees`, :meth:`TreeBatch.roots` or the tensor drafter). A hand-built batch that breaks
+    them would send the walk to nodes that are not there (``-1`` tokens, verdicts read from
+    padding rows), so ``verify(..., validate=True)`` refuses it."""
+    return torch.stack([flags.all() for flags in _structure_flags(batch)])
+
+
+def _structure_flags(batch: TreeBatch) -> list[torch.Tensor]:
+    size, num = batch.parents.shape
+    device = batch.device
+    nodes = torch.arange(num, device=device)  # [N]
+    real = batch.real_nodes()  # [B, N]
+    inner = real & (nodes > 0)  # [B, N]: real nodes below the root
+    parents, depth, candidates = batch.parents, batch.depth, batch.candidates
+    safe_parent = parents.clamp(0, num - 1)  # [B, N]
+    parent_depth = depth.gather(1, safe_parent)  # [B, N]
+    listed = candidates != PAD  # [B, N, C]
+    safe = candidates.clamp(0, num - 1).reshape(size, -1)  # [B, N C]
+    child_parent = parents.gather(1, safe).reshape(candidates.shape)  # [B, N, C]
+    child_real = real.gather(1, safe).reshape(candidates.shape)  # [B, N, C]
+    own = (candidates >= 0) & (candidates < num) & child_real
+    own &= child_parent == nodes[None, :, None]
+    seen = torch.zeros((size, num + 1), dtype=torch.long, device=device)
+    seen.scatter_add_(
+        1,
+        torch.where(listed & real[..., None], candidates, num).clamp(0, num).reshape(size, -1),
+        torch.ones_like(safe),
+    )
+    counts = listed.sum(-1)  # [B, N]
+    slots = torch.tensor(batch.level_slots, dtype=torch.long, device=device)  # [D + 1]
+    chains = torch.tensor(batch.chains, dtype=torch.bool, device=device).reshape(size)  # [B]
+    return [
+        (batch.num_nodes >= 1) & (batch.num_nodes <= num),  # num_nodes
+        ~inner | ((parents >= 0) & (parents < nodes)),  # parents
+        ~inner | (batch.tokens >= 0),  # tokens
+        torch.where(inner, depth == parent_depth + 1, ~real | (nodes > 0) | (depth == 0)),  # depth
+        ~(listed & real[..., None]) | own,  # candidates: real children of the node
+        ~inner | (seen[:, :num] > 0),  # every real node listed by its parent
+        ~real
+        | ((depth <= batch.max_depth) & (counts <= slots[depth.clamp(0, batch.max_depth)]))
+        & (~chains[:, None] | (counts <= 1)),  # host metadata
+    ]
+
+
+def structure_defect(batch: TreeBatch) -> str:
+    """The first :data:`STRUCTURE_RULE` defect of ``batch`` as ``"field[b, n]: what"`` (host
+    reads: call it once :func:`structure_valid` has found one)."""
+    names = (
+        ("batch.num_nodes", "outside [1, N]"),
+        ("batch.parents", "not a node before it"),
+        ("batch.tokens", "negative token on a real node"),
+        ("batch.depth", "not its parent's depth + 1 (the root: 0)"),
+        ("batch.candidates", "lists a node that is not a real child of it"),
+        ("batch.parents", "a real node missing from its parent's candidates"),
+        ("batch.max_depth/level_slots/chains", "host metadata below the candidates"),
+    )
+    for flags, (field_name, what) in zip(_structure_flags(batch), names, strict=True):
+        bad = ~flags
+        if bool(bad.any()):
+            where = tuple(int(i) for i in bad.nonzero()[0][:2])
+            return f"{field_name}{list(where)}: {what} (a TreeBatch must be {STRUCTURE_RULE})"
+    return ""
 
 
 def node_paths(tree: TreeBatch) -> torch.Tensor:

@@ -427,6 +427,64 @@ def test_batches_tables_and_noise_of_the_wrong_kind_say_what_they_expect() -> No
         ssg.verify_chain("standard", torch.tensor([[1, 2]]), target, target[:, :2], noise=(1, 2))
 
 
+def test_hand_built_batches_that_are_not_trees_are_refused_naming_the_field() -> None:
+    """``verify(..., validate=True)`` checks a batch's structure, not only its token range: a
+    hand-built batch whose candidates, parents, depths, counts or host metadata disagree sent
+    the walk to nodes that are not there (a -1 stop token, verdicts read from padding)."""
+    import dataclasses
+
+    good = ssg.TreeBatch.from_trees([ss.DraftTree.chain([2, 1], law="iid")])
+    target, draft = ssg.tables_batch([np.full((3, 5), 0.2)], [np.full((3, 5), 0.2)])
+    noise = ssg.Noise.from_reference([ss.Noise.constant(0.1, 3)])
+    broken = {
+        r"batch\.candidates\[0, 1\]: lists a node that is not a real child": {
+            "candidates": torch.tensor([[[1], [1], [-1]]])
+        },
+        r"batch\.tokens\[0, 1\]: negative token": {"tokens": torch.tensor([[-1, -3, 1]])},
+        r"batch\.num_nodes\[0\]: outside \[1, N\]": {"num_nodes": torch.tensor([5])},
+        r"batch\.parents\[0, 2\]: not a node before it": {"parents": torch.tensor([[-1, 0, 9]])},
+        r"batch\.depth\[0, 2\]": {"depth": torch.tensor([[0, 1, 1]])},
+        r"batch\.max_depth/level_slots/chains": {"max_depth": 1, "level_slots": (1, 1)},
+    }
+    for message, fields in broken.items():
+        batch = dataclasses.replace(good, **fields)
+        for name in ("standard", "nss", "block"):
+            with pytest.raises(ss.InvalidDistribution, match=message):
+                ssg.verify(name, batch, target, draft, noise)
+    assert ssg.verify("standard", good, target, draft, noise).tokens.tolist() == [[2, 1, 0]]
+    as_int32 = dataclasses.replace(good, parents=good.parents.int(), tokens=good.tokens.int())
+    assert torch.equal(ssg.verify("standard", as_int32, target, draft, noise).tokens,
+                       ssg.verify("standard", good, target, draft, noise).tokens)  # fmt: skip
+    with pytest.raises(ValueError, match="TreeBatch: candidates must be an integer tensor"):
+        dataclasses.replace(good, candidates=good.candidates.float())
+    assert ssg.TreeBatch.roots(0).num_nodes.shape == (0,)
+    with pytest.raises(ValueError, match="batch_size: expected an integer >= 0, got -1"):
+        ssg.TreeBatch.roots(-1)
+
+
+def test_tables_batch_names_what_is_wrong() -> None:
+    table = np.full((3, 5), 0.2)
+    from fractions import Fraction
+
+    exact = np.array([[Fraction(1, 5)] * 5] * 3, dtype=object)  # an exact pair's table
+    assert ssg.tables_batch([exact], [exact])[0].dtype == torch.float64
+    refused = [
+        (
+            ([0.5], [0.5]),
+            {},
+            r"target_tables\[0\]: expected a \(num_nodes, V\) table, got shape \(\)",
+        ),
+        (([table + 1j], [table]), {}, r"target_tables\[0\]: expected real numbers, got .*complex"),
+        (([table], [table]), {"dtype": torch.long}, "dtype: expected a torch float dtype"),
+        (([table], [np.full((3, 4), 0.25)]), {}, r"draft_tables\[0\]: shape \(3, 4\), but"),
+        (([table], [np.full((2, 5), 0.2)]), {}, r"draft_tables\[0\]: shape \(2, 5\), but"),
+        (([[[0.5, 0.5], [0.2]]], [table]), {}, r"target_tables\[0\]: not a \(num_nodes, V\)"),
+    ]
+    for args, kwargs, message in refused:
+        with pytest.raises(ValueError, match=message):
+            ssg.tables_batch(*args, **kwargs)
+
+
 def test_vllm_adapter_names_the_argument_at_fault() -> None:
     """A NaN or a mass of 2 in ``draft_probs`` is blamed on ``draft_probs``, not on
     ``target_probs``; a Python list of draft ids is told it must be a tensor."""

@@ -424,7 +424,7 @@ def test_the_walk_loops_over_the_slots_of_each_level_only() -> None:
     """On merged branching trees (up to 8 candidates at depth 2, two at the root, none at the
     leaves) each walk step sees the slots its level can hold (on the CPU the level of leaves
     runs no rule at all), the verdicts stay the reference's, and a batch whose level bounds are
-    too small loses them (the bound is what keeps it exact)."""
+    too small is refused, and unchecked loses them (the bound is what keeps it exact)."""
     shape = ss.Shape.branching((2, 2, 2), replacement=True)
     rounds, batch, target, draft, noise = drafted_batch(shape, ss.pairs.Random(8, seed=2), 3, 24)
     assert batch.candidates.shape[-1] > max(batch.level_slots[:1] + batch.level_slots[-1:])
@@ -435,7 +435,9 @@ def test_the_walk_loops_over_the_slots_of_each_level_only() -> None:
     expected = [ss.SCHEMES["specinfer"].verify(t, p, q, n) for t, p, q, n in rounds]
     assert list(zip(out.node.tolist(), out.token.tolist(), strict=True)) == expected
     narrow = dataclasses.replace(batch, level_slots=(1,) * len(batch.level_slots))
-    out = ssg.verify("specinfer", narrow, target, draft, noise)
+    with pytest.raises(ss.InvalidDistribution, match="level_slots"):  # checked by validation
+        ssg.verify("specinfer", narrow, target, draft, noise)
+    out = ssg.verify("specinfer", narrow, target, draft, noise, validate=False)
     assert list(zip(out.node.tolist(), out.token.tolist(), strict=True)) != expected
 
 
