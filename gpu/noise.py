@@ -9,7 +9,7 @@ visibly.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -42,6 +42,12 @@ class Noise(NamedTuple):
         cls, noises: Sequence[ss.Noise], device: torch.device | str | None = None
     ) -> Noise:
         """Stack reference noises (each validated), padding short rows with ``PAD_UNIFORM``."""
+        if isinstance(noises, (ss.Noise, str, bytes)) or not isinstance(noises, Iterable):
+            got = "one ss.Noise" if isinstance(noises, ss.Noise) else type(noises).__name__
+            raise TypeError(
+                f"noises: expected a sequence of ss.Noise (one per tree), got {got}"
+                + ("; pass [noise]" if isinstance(noises, ss.Noise) else "")
+            )
         noises = list(noises)
         if not noises:
             raise InvalidDistribution("noise: expected at least one ss.Noise")
@@ -64,6 +70,11 @@ class Noise(NamedTuple):
     @classmethod
     def draw(cls, batch: TreeBatch, generator: torch.Generator | int | None = None) -> Noise:
         """Fresh independent float64 uniforms for every lane of ``batch`` (on its device)."""
+        if not isinstance(batch, TreeBatch):
+            raise TypeError(
+                f"batch: expected a TreeBatch (TreeBatch.from_trees(trees)), got "
+                f"{type(batch).__name__}"
+            )
         generator = check_generator(generator)
         shape = tuple(batch.parents.shape)  # (B, N)
         device = batch.device if generator is None else generator.device

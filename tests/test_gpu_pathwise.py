@@ -459,6 +459,19 @@ def test_noise_from_reference_and_draw() -> None:
     assert torch.equal(seeded[0].tokens, seeded[1].tokens)
 
 
+def test_noise_constructors_name_what_they_expect() -> None:
+    one = ss.Noise.constant(0.5, 2)
+    with pytest.raises(
+        TypeError, match=r"noises: expected a sequence of ss\.Noise .*pass \[noise\]"
+    ):
+        ssg.Noise.from_reference(one)  # was: "noises[0]: 'numpy.ndarray' object has no ..."
+    with pytest.raises(TypeError, match=r"noises: expected a sequence of ss\.Noise .*NoneType"):
+        ssg.Noise.from_reference(None)
+    with pytest.raises(TypeError, match="batch: expected a TreeBatch"):
+        ssg.Noise.draw([ss.DraftTree.chain([1])])
+    assert ssg.Noise.from_reference(n for n in [one]).accept.shape == (1, 2)  # any iterable
+
+
 def test_import_without_torch_says_how_to_install() -> None:
     code = (
         "import sys\n"
