@@ -41,7 +41,7 @@ import torch
 
 from specsampling.errors import InvalidDistribution
 from specsampling.pairs import ModelPair, check_model_pair
-from specsampling.shapes import Shape, check_shape
+from specsampling.shapes import Shape, check_draft_row, check_shape
 
 from . import ops
 from .tree import PAD, TreeBatch
@@ -475,11 +475,7 @@ def check_pair_row(row: np.ndarray, prefix: tuple[int, ...], vocab_size: int) ->
         raise InvalidDistribution(
             f"{where} has shape {row.shape}, expected ({vocab_size},) (the pair's vocab_size)"
         )
-    total = row.sum()  # finite with a non-negative minimum: every entry finite, non-negative
-    if not (row.size and row.min() >= 0 and np.isfinite(total)):
-        raise InvalidDistribution(f"{where} has a NaN, infinite or negative entry")
-    if not total > 0:
-        raise InvalidDistribution(f"{where} has no positive mass")
+    check_draft_row(row, where)
 
 
 def _row_prefixes(prefix: Any, batch: int) -> list[tuple[int, ...]]:

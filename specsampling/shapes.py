@@ -373,7 +373,7 @@ class _State:
 def _proposal(pair: ModelPair, prefix: Prefix, state: _State, node: int, mode: Mode) -> Any:
     context = prefix + state.prefixes[node]
     draft = pair.draft(context)
-    _check_draft_row(draft, context)
+    check_draft_row(draft, f"pair: draft{context}")
     if mode == "iid":
         return draft
     remaining = draft.copy()
@@ -396,18 +396,19 @@ def _proposal(pair: ModelPair, prefix: Prefix, state: _State, node: int, mode: M
     return one_hot
 
 
-def _check_draft_row(draft: Any, context: Prefix) -> None:
+def check_draft_row(draft: Any, where: str) -> None:
     """Refuse a float draft row with a NaN, an infinite or a negative entry, or no positive
-    mass, naming it (an inverse CDF over it would return some token, or a ``top`` step skip,
-    without error; exact rows are checked by the pair's own constructors)."""
+    mass, naming it as ``where`` (an inverse CDF over it would return some token, or a ``top``
+    step skip, without error; exact rows are checked by the pair's own constructors). The
+    reference drafting and the tensor drafter's pair source share it."""
     row = np.asarray(draft)
     if row.dtype == object:
         return
     total = row.sum()  # finite with a non-negative minimum: every entry finite, non-negative
     if not (row.size and row.min() >= 0 and np.isfinite(total)):
-        raise InvalidDistribution(f"pair: draft{context} has a NaN, infinite or negative entry")
+        raise InvalidDistribution(f"{where} has a NaN, infinite or negative entry")
     if not total > 0:
-        raise InvalidDistribution(f"pair: draft{context} has no positive mass")
+        raise InvalidDistribution(f"{where} has no positive mass")
 
 
 def _as_float(probs: Probs) -> Any:
