@@ -77,7 +77,8 @@ VOCAB = 151936
 
 
 def build(size: str, device: Any, dtype: Any, tiny: bool) -> Any:
-    """A random-weight Qwen2 causal LM of the named configuration."""
+    """A random-weight Qwen2 causal LM of the named configuration, its weights made in
+    ``dtype`` (the rotary frequencies stay float32, as in a loaded checkpoint)."""
     import torch
     import transformers
 
@@ -90,8 +91,13 @@ def build(size: str, device: Any, dtype: Any, tiny: bool) -> Any:
         **params,
     )
     torch.manual_seed({"0.5B": 1, "1.5B": 2, "7B": 3}[size])
-    with torch.device(device):
-        model = transformers.Qwen2ForCausalLM(config).to(dtype).eval()
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # built in `dtype`, as from_pretrained(dtype=...) builds:
+    try:  # no float32 copy first (the 7B's would hold about 30 GB beside its bfloat16 one)
+        with torch.device(device):
+            model = transformers.Qwen2ForCausalLM(config).eval()
+    finally:
+        torch.set_default_dtype(previous)
     model.generation_config.eos_token_id = None
     return model
 
