@@ -241,13 +241,22 @@ def check_batch_round(
 
 
 def raise_row_defect(
-    name: str, values: torch.Tensor, mass: torch.Tensor, ok: torch.Tensor, tol: float
+    name: str,
+    values: torch.Tensor,
+    mass: torch.Tensor,
+    ok: torch.Tensor,
+    tol: float,
+    *,
+    flat: bool = False,
+    tolerance_hint: str | None = "tolerance={}",
 ) -> None:
     """Raise :class:`~specsampling.InvalidDistribution` for the first row ``[b, n]`` of
     ``values [B, N, V]`` that ``ok [B, N]`` marks bad: NaN/inf, a negative entry, or its
-    ``mass [B, N]`` off 1 by more than ``tol`` (the argument and the row named)."""
+    ``mass [B, N]`` off 1 by more than ``tol`` (the argument and the row named: ``name[b, n]``,
+    or ``name[b]`` when ``flat``, for a table ``[B, V]`` passed as ``[B, 1, V]``; a mass error
+    suggests a tolerance as ``tolerance_hint`` words it, none when ``None``)."""
     row, node = (int(i) for i in (~ok).nonzero()[0])
-    label = f"{name}[{row}, {node}]"
+    label = f"{name}[{row}]" if flat else f"{name}[{row}, {node}]"
     entries = values[row, node]  # [V]
     finite = torch.isfinite(entries)
     if not bool(finite.all()):
@@ -259,4 +268,12 @@ def raise_row_defect(
             f"{label}: negative entry at index {index} (raw logits? apply "
             "specsampling.gpu.process first)"
         )
-    raise InvalidDistribution(mass_error(label, float(mass[row, node]), tol))
+    raise InvalidDistribution(
+        mass_error(
+            label,
+            float(mass[row, node]),
+            tol,
+            process="specsampling.gpu.process first",
+            tolerance_hint=tolerance_hint,
+        )
+    )

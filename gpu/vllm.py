@@ -23,7 +23,10 @@ sampling_metadata)``; vLLM 0.33 passes target *logits* and its sampling metadata
   float32 exponentials), so a seeded request draws ``2 n_b`` float64 uniforms from its own
   generator and nothing when ``n_b = 0``: its output depends on its own inputs and generator
   only, never on its batch position or its neighbours;
-* a draft id outside ``[0, V)`` raises :class:`ValueError` (``InvalidDistribution``).
+* a draft id outside ``[0, V)`` raises :class:`ValueError` (``InvalidDistribution``), and so
+  (with ``validate=True``) does a drafted token of zero draft probability, which vLLM rejects
+  (its accept test asks ``draft_prob > 0``); unchecked, such a draft is accepted where the
+  target gives it mass (``u * 0 < p``): it cannot have been sampled from that row.
 """
 
 from __future__ import annotations
@@ -81,7 +84,10 @@ def rejection_sample(
         Per-request generators (on the tables' device); the other requests draw from
         ``generator`` (``None``: torch's default generator).
     validate : bool
-        Check the inputs (host synchronisations).
+        Check the inputs (host synchronisations). A checked call also resolves the zero-mass
+        residual hit (a rejection where rounding leaves ``p <= q`` on every token: the draw is
+        repeated, as the reference does); ``validate=False`` runs one sync-free round and
+        leaves that rare row as drawn (the emitted law is the same, its tokens may differ).
 
     Returns
     -------
@@ -230,8 +236,25 @@ def _check(
         cu_num_draft_tokens.cpu().long(), cumulative
     ):
         raise InvalidDistribution("cu_num_draft_tokens: expected the cumulative num_draft_tokens")
+    if not isinstance(bonus_token_ids, torch.Tensor):
+        raise InvalidDistribution(
+            f"bonus_token_ids: expected a torch.Tensor of shape ({batch_size}, 1) (as vLLM "
+            f"passes it), got {type(bonus_token_ids).__name__}"
+        )
     if tuple(bonus_token_ids.shape) not in ((batch_size, 1), (batch_size,)):
-        raise InvalidDistribution(f"bonus_token_ids: expected shape ({batch_size}, 1)")
+        raise InvalidDistribution(
+            f"bonus_token_ids: expected shape ({batch_size}, 1), got {tuple(bonus_token_ids.shape)}"
+        )
+    for name, ids in (
+        ("draft_token_ids", draft_token_ids),
+        ("cu_num_draft_tokens", cu_num_draft_tokens),
+        ("bonus_token_ids", bonus_token_ids),
+    ):
+        if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
+            raise InvalidDistribution(
+                f"{name}: expected an integer tensor, got dtype {ids.dtype} (ids and counts are "
+                "never truncated)"
+            )
     for name, ids in (("draft_token_ids", draft_token_ids), ("bonus_token_ids", bonus_token_ids)):
         bad = (ids < 0) | (ids >= vocab_size)
         if bool(bad.any()):
@@ -246,14 +269,14 @@ def _check(
         if not bool(torch.isfinite(target_probs).all()):
             raise InvalidDistribution("target_probs: NaN or inf in a greedy batch")
         return
-    _check_rows("target_probs", target_probs)
+    check_rows("target_probs", target_probs)
     if draft_probs is not None:
         if not isinstance(draft_probs, torch.Tensor) or tuple(draft_probs.shape) != (
             num_tokens,
             vocab_size,
         ):
             raise InvalidDistribution(f"draft_probs: expected shape ({num_tokens}, {vocab_size})")
-        _check_rows("draft_probs", draft_probs)
+        check_rows("draft_probs", draft_probs)
         drafted = draft_probs.gather(1, draft_token_ids.long()[:, None].to(draft_probs.device))
         if num_tokens and not bool((drafted > 0).all()):  # it cannot have been sampled
             index = int((drafted[:, 0] <= 0).nonzero()[0, 0])
@@ -263,15 +286,17 @@ def _check(
             )
 
 
-def _check_rows(name: str, probs: torch.Tensor) -> None:
+def check_rows(name: str, probs: torch.Tensor) -> None:
     """Every row of ``probs [T, V]`` a distribution (finite, non-negative, mass 1 to
-    the input dtype's ``TOLERANCE``), else the first bad row named as ``name[t, 0]``."""
+    the input dtype's ``TOLERANCE``), else the first bad row named as ``name[t]``."""
     tol = TOLERANCE.get(probs.dtype, TOLERANCE[torch.float32])
     values = probs.to(torch.promote_types(torch.float32, probs.dtype))
     mass = values.sum(-1)  # [T]
     ok = torch.isfinite(values).all(-1) & (values >= 0).all(-1) & ((mass - 1).abs() <= tol)
     if not bool(ok.all()):
-        raise_row_defect(name, values[:, None], mass[:, None], ok[:, None], tol)
+        raise_row_defect(
+            name, values[:, None], mass[:, None], ok[:, None], tol, flat=True, tolerance_hint=None
+        )
 
 
 __all__ = ["rejection_sample", "request_noise"]

@@ -82,10 +82,14 @@ from .noise import Noise
 from .schemes import SCHEMES as LOWERINGS
 from .schemes import tree_lowering
 from .tree import PAD
+from .vllm import check_rows
 
 #: The environment variable that switches the plugin on (a scheme name) in every vLLM process.
 ENV_SCHEME = "SPECSAMPLING_VLLM_SCHEME"
-#: ``1``: check every step's tables (one host synchronisation per check; for debugging).
+#: ``1``: check every step's tables (one host synchronisation per check; for debugging). A
+#: checked step also resolves the standard rule's zero-mass residual hit (a rejection where
+#: rounding leaves ``p <= q`` everywhere, the draw repeated), which an unchecked step leaves
+#: unresolved (sync-free): the emitted law is the same, the tokens of that rare row may differ.
 ENV_VALIDATE = "SPECSAMPLING_VLLM_VALIDATE"
 #: vLLM releases whose ``RejectionSampler`` inputs this module was written against (read from
 #: their source); any other version is refused, because the layout is vLLM-internal.
@@ -334,6 +338,53 @@ def _check_layout(
             raise ValueError(f"generators: request index {row} outside [0, {batch_size})")
 
 
+def _check_values(
+    draft_token_ids: torch.Tensor,
+    counts: list[int],
+    probs: torch.Tensor | None,
+    draft_probs: torch.Tensor | None,
+    greedy: torch.Tensor | None,
+) -> None:
+    """:func:`verify_step`'s values with ``validate=True``, on the flat tables as passed (each
+    failure names the argument and its flat row): integer draft ids inside the vocabulary,
+    ``probs`` and ``draft_probs`` rows distributions, and a sampled request's drafted tokens of
+    positive draft probability. The gathered tables are checked again by
+    :func:`~specsampling.gpu.verify_chain`."""
+    kind = draft_token_ids.dtype
+    if kind == torch.bool or kind.is_floating_point or kind.is_complex:
+        raise ValueError(
+            f"draft_token_ids: expected an integer tensor, got dtype {draft_token_ids.dtype}"
+        )
+    vocab = None if probs is None else probs.shape[-1]
+    if vocab is not None and draft_token_ids.numel():
+        bad = (draft_token_ids < 0) | (draft_token_ids >= vocab)
+        if bool(bad.any()):
+            index = int(bad.nonzero()[0, 0])
+            raise ValueError(
+                f"draft_token_ids[{index}]: token id {int(draft_token_ids[index])} outside "
+                f"[0, {vocab})"
+            )
+    if probs is not None:
+        check_rows("probs", probs)
+    if draft_probs is None or not draft_probs.numel():
+        return
+    check_rows("draft_probs", draft_probs)
+    ids = draft_token_ids.to(draft_probs.device).long()[:, None]  # [T, 1]
+    drafted = draft_probs.gather(1, ids)[:, 0]  # [T]
+    sampled = torch.ones_like(drafted, dtype=torch.bool)  # [T]: rows of sampled requests
+    if greedy is not None:  # a greedy request's drafts are argmaxes, not draws from the row
+        sampled = torch.repeat_interleave(
+            ~greedy.to(draft_probs.device), torch.tensor(counts, device=draft_probs.device)
+        )
+    zero = sampled & (drafted <= 0)
+    if bool(zero.any()):
+        index = int(zero.nonzero()[0, 0])
+        raise ValueError(
+            f"draft_probs[{index}]: the drafted token {int(draft_token_ids[index])} has zero "
+            "draft probability, so it cannot have been sampled from this row"
+        )
+
+
 def verify_step(
     scheme: str,
     draft_token_ids: torch.Tensor,  # [T]
@@ -367,6 +418,8 @@ def verify_step(
     if probs is None and argmax is None:
         raise ValueError("argmax: required when probs is None (every request greedy)")
     _check_layout(draft_token_ids, counts, probs, draft_probs, greedy, generators, argmax)
+    if validate:
+        _check_values(draft_token_ids, counts, probs, draft_probs, greedy)
     device = (probs if probs is not None else argmax).device
     # A step without drafts is laid out with one padding lane: every row emits its bonus token.
     layout = chain_layout(counts, device, minimum_width=1)

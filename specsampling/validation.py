@@ -401,13 +401,24 @@ def as_real_array(values: Any, name: str) -> tuple[Probs, bool]:
         raise InvalidDistribution(f"{name}: not representable as float64 ({err})") from None
 
 
-def mass_error(name: str, total: float, tolerance: float) -> str:
+def mass_error(
+    name: str,
+    total: float,
+    tolerance: float,
+    *,
+    process: str = "specsampling.process first (CLI --logits)",
+    tolerance_hint: str | None = "tolerance={} (CLI --tolerance {})",
+) -> str:
     """The message for a float mass outside the tolerance, with enough digits to be true.
 
     >>> mass_error("target", 1 + 2e-6, 1e-6)  # doctest: +NORMALIZE_WHITESPACE
     'target: mass is 1.000002, not 1 (off by 2e-06, tolerance 1e-06); low-precision
     (float32/fp16/bf16) probabilities pass with a stated tolerance, e.g. tolerance=1e-05
     (CLI --tolerance 1e-05), and are renormalised'
+
+    ``process`` names what turns logits into probabilities and ``tolerance_hint`` how a
+    tolerance is stated (its ``{}`` filled with the suggested value; ``None``: the caller
+    takes none), for entry points other than the reference's functions and CLI.
     """
     deviation = abs(total - 1.0)
     if math.isfinite(total) and 0 < deviation <= _LOW_PRECISION:
@@ -416,14 +427,15 @@ def mass_error(name: str, total: float, tolerance: float) -> str:
     else:
         shown, off = f"{total:.6g}", ""
     text = f"{name}: mass is {shown}, not 1 ({off}tolerance {tolerance:g})"
-    if off and deviation > tolerance:
+    if off and deviation > tolerance and tolerance_hint is not None:
         suggest = f"{10.0 ** math.ceil(math.log10(deviation)):g}"
+        stated = tolerance_hint.format(suggest, suggest)
         text += (
             "; low-precision (float32/fp16/bf16) probabilities pass with a stated tolerance, "
-            f"e.g. tolerance={suggest} (CLI --tolerance {suggest}), and are renormalised"
+            f"e.g. {stated}, and are renormalised"
         )
     elif total >= 1.5:
-        text += "; raw logits or counts? apply specsampling.process first (CLI --logits)"
+        text += f"; raw logits or counts? apply {process}"
     return text
 
 

@@ -487,7 +487,10 @@ def test_tables_batch_names_what_is_wrong() -> None:
 
 def test_vllm_adapter_names_the_argument_at_fault() -> None:
     """A NaN or a mass of 2 in ``draft_probs`` is blamed on ``draft_probs``, not on
-    ``target_probs``; a Python list of draft ids is told it must be a tensor."""
+    ``target_probs``, by its flat row (``draft_probs[1]``, not ``[1, 0]``, which reads as an
+    element); a Python list of draft ids or bonus ids is told it must be a tensor; float, bool
+    ids and float cumulative counts are refused (``.long()`` truncated them); a mass error
+    names the torch ``process`` and suggests no tolerance (this function takes none)."""
     target = torch.full((3, 4), 0.25)
     args = {
         "draft_token_ids": torch.tensor([1, 2, 3]),
@@ -500,10 +503,46 @@ def test_vllm_adapter_names_the_argument_at_fault() -> None:
     for defect, message in ((float("nan"), "NaN or inf"), (0.5, "mass")):
         draft = target.clone()
         draft[1, 2] = defect if defect != 0.5 else 1.25  # NaN, or a row of mass 2
-        with pytest.raises(ss.InvalidDistribution, match=rf"draft_probs\[1, 0\]: .*{message}"):
+        with pytest.raises(ss.InvalidDistribution, match=rf"^draft_probs\[1\]: .*{message}"):
             ssg.vllm.rejection_sample(draft_probs=draft, **args)
+    nan_target = target.clone()
+    nan_target[2, 3] = float("nan")
+    with pytest.raises(ss.InvalidDistribution, match=r"^target_probs\[2\]: NaN or inf at index 3"):
+        ssg.vllm.rejection_sample(draft_probs=None, **{**args, "target_probs": nan_target})
+    with pytest.raises(ss.InvalidDistribution) as raised:
+        ssg.vllm.rejection_sample(draft_probs=None, **{**args, "target_probs": target * 4})
+    assert "specsampling.gpu.process" in str(raised.value) and "CLI" not in str(raised.value)
+    with pytest.raises(ss.InvalidDistribution) as raised:
+        ssg.vllm.rejection_sample(draft_probs=None, **{**args, "target_probs": target * 1.01})
+    assert "tolerance=" not in str(raised.value), raised.value
     with pytest.raises(ss.InvalidDistribution, match=r"draft_token_ids: expected a torch\.Tensor"):
         ssg.vllm.rejection_sample(draft_probs=None, **{**args, "draft_token_ids": [1, 2, 3]})
+    with pytest.raises(ss.InvalidDistribution, match=r"^bonus_token_ids: expected a torch\.Tensor"):
+        ssg.vllm.rejection_sample(draft_probs=None, **{**args, "bonus_token_ids": [[0]]})
+    bad_dtypes = {
+        "draft_token_ids": torch.tensor([1.5, 2.5, 3.5]),
+        "bonus_token_ids": torch.tensor([[True]]),
+        "cu_num_draft_tokens": torch.tensor([3.0]),
+    }
+    for name, value in bad_dtypes.items():
+        with pytest.raises(ss.InvalidDistribution, match=rf"^{name}: expected an integer tensor"):
+            ssg.vllm.rejection_sample(draft_probs=None, **{**args, name: value})
+    int32 = {name: args[name].to(torch.int32) for name in bad_dtypes}  # what vLLM passes
+    assert ssg.vllm.rejection_sample(draft_probs=None, **{**args, **int32}).shape == (1, 4)
+
+
+def test_gpu_mass_errors_name_the_torch_process() -> None:
+    """The torch entry points' mass errors point at ``specsampling.gpu.process`` (not the
+    reference's CLI flag) and suggest a ``tolerance=`` they take."""
+    tokens = torch.tensor([[1, 2]])
+    target = torch.full((1, 3, 4), 0.25)
+    with pytest.raises(ss.InvalidDistribution) as raised:
+        ssg.verify_chain("standard", tokens, target * 4, target[:, :2])
+    assert "specsampling.gpu.process first" in str(raised.value), raised.value
+    assert "CLI" not in str(raised.value)
+    with pytest.raises(ss.InvalidDistribution) as raised:
+        ssg.verify_chain("standard", tokens, target * 1.01, target[:, :2])
+    assert "e.g. tolerance=0.01, and are renormalised" in str(raised.value), raised.value
 
 
 def test_a_negative_tolerance_is_refused_as_such() -> None:

@@ -85,6 +85,42 @@ def test_verify_step_names_a_layout_that_disagrees_with_the_counts():
     assert plugin.verify_step("block", ids, counts, probs, None, None, {}).shape == (3, 3)
 
 
+def test_checked_step_names_flat_rows_as_passed():
+    """With ``validate=True`` a bad value is named by the argument and flat row the caller
+    passed (``probs[4]``, ``draft_probs[2]``, ``draft_token_ids[2]``), not by the gathered
+    ``[B, γ + 1, V]`` tables' (request, lane) coordinates under internal names; a greedy
+    request's drafts (argmaxes) may have zero draft probability."""
+    counts = [2, 1]  # T = 3, B = 2: probs rows 0-1 (+ bonus 2) and 3 (+ bonus 4)
+    ids = torch.tensor([1, 2, 3])
+    probs = torch.full((5, 4), 0.25)
+    draft = torch.full((3, 4), 0.25)
+    arguments = {
+        "draft_token_ids": ids,
+        "num_draft_tokens": counts,
+        "probs": probs,
+        "draft_probs": draft,
+        "greedy": None,
+        "generators": {},
+    }
+    nan_probs = probs.clone()
+    nan_probs[4, 3] = float("nan")
+    zero_draft = draft.clone()
+    zero_draft[2] = torch.tensor([0.5, 0.5, 0.0, 0.0])  # row 2 drafted token 3
+    cases = [
+        ({"probs": nan_probs}, r"^probs\[4\]: NaN or inf at index 3"),
+        ({"draft_probs": zero_draft}, r"^draft_probs\[2\]: the drafted token 3 has zero"),
+        ({"draft_token_ids": torch.tensor([1, 2, 9])}, r"^draft_token_ids\[2\]: token id 9"),
+        ({"draft_token_ids": ids.double()}, r"^draft_token_ids: expected an integer tensor"),
+        ({"draft_probs": draft * 2}, r"^draft_probs\[0\]: mass is 2"),
+    ]
+    for change, message in cases:
+        with pytest.raises(ValueError, match=message):
+            plugin.verify_step("block", validate=True, **(arguments | change))
+    greedy_second = {"draft_probs": zero_draft, "greedy": torch.tensor([False, True])}
+    tokens = plugin.verify_step("block", validate=True, **(arguments | greedy_second))
+    assert tokens.shape == (2, 3)
+
+
 def test_chain_layout():
     layout = plugin.chain_layout([3, 0, 2])
     # logits rows: request 0 -> 0..3 (bonus 3), request 1 -> 4, request 2 -> 5..7 (bonus 7)
