@@ -122,6 +122,9 @@ def test_tree_logits_parity(make, dtype, atol, batch, monkeypatch):
         for trace in dec.traces:
             where, prefixes = trace_prefixes(trace)
             for model, used in ((target, trace.target_logits), (draft, trace.draft_logits)):
+                if used is None:  # the last round, one token left: nothing drafted
+                    assert model is draft and trace.tree.max_depth == 0
+                    continue
                 rows = torch.stack([used[b, n] for b, n in where])  # [R, V]
                 expanded = ~torch.isnan(rows).any(-1)
                 expected = plain_logits(model, prefixes)
@@ -278,6 +281,39 @@ def test_custom_generate_greedy_and_refusals(pair):
                 pad_token_id=0,
                 **refused,
             )
+
+
+def test_custom_generate_streams_and_refuses_assisted_options(pair, tmp_path, monkeypatch):
+    """A ``streamer`` given to ``model.generate`` (transformers puts the prompt, then drops it
+    from a callable's arguments: a consumer waited forever) gets every token once, then
+    ``end()``, in both forms; transformers' assisted-generation settings, which this decoder does
+    not read, are refused naming the equivalent (they were ignored); so is ``synced_gpus``."""
+    monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path))
+    target, draft = pair
+    prompt = torch.tensor([[5, 6, 7]])
+    common = {"draft_model": draft, "do_sample": False, "max_new_tokens": 7, "pad_token_id": 0}
+    expected = greedy_reference(target, [5, 6, 7], 7)
+    for form in ({"custom_generate": hf_generate}, {"custom_generate": GENERATE_DIR}):
+        streamer = _Recorder()
+        remote = {"trust_remote_code": True} if form["custom_generate"] == GENERATE_DIR else {}
+        out = target.generate(prompt, streamer=streamer, **form, **remote, **common)
+        assert out[0, 3:].tolist() == expected
+        assert streamer.puts[0] == [[5, 6, 7]] and streamer.ended == 1, streamer.puts
+        assert [t for chunk in streamer.puts[1:] for t in chunk] == expected
+    for option, equivalent in [
+        ({"num_assistant_tokens": 1}, "Shape.chain"),
+        ({"num_assistant_tokens_schedule": "heuristic"}, "HeuristicLength"),
+        ({"assistant_confidence_threshold": 0.9}, "ModelDraft"),
+        ({"prompt_lookup_num_tokens": 3}, "NGramDraft"),
+        ({"max_matching_ngram_size": 2}, "NGramDraft"),
+        ({"synced_gpus": True}, "not supported"),
+    ]:
+        name = next(iter(option))
+        with pytest.raises(ValueError, match=rf"^{name}: .*{equivalent}"):
+            target.generate(prompt, custom_generate=hf_generate, **common, **option)
+    defaults = {"num_assistant_tokens": 20, "assistant_confidence_threshold": 0.4}
+    out = target.generate(prompt, custom_generate=hf_generate, **common, **defaults)
+    assert out[0, 3:].tolist() == expected  # transformers' own defaults are not refused
 
 
 def test_custom_generate_assistant_model(pair, tmp_path, monkeypatch):

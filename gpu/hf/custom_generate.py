@@ -34,18 +34,72 @@ _CRITERIA = {"MaxLengthCriteria", "EosTokenCriteria", "MaxNewTokensCriteria"}
 GENERATE_DIR = str(Path(__file__).resolve().parent / "hub")
 
 
-def _caller_assistant_model() -> Any:
-    """The ``assistant_model`` of the transformers ``generate`` call that called us, if any.
+#: transformers' assisted-generation options (generation-config fields) that a callable
+#: ``custom_generate`` receives but this decoder does not read, with the values transformers
+#: fills in when they are not given (a value outside them was set by the caller or the model's
+#: generation config, and is refused rather than ignored), and what to use instead.
+_ASSISTED_OPTIONS = {
+    "num_assistant_tokens": (
+        (None, 20),
+        "the draft length is shape=specsampling.Shape.chain(n), or an adaptive "
+        "draft_length=specsampling.gpu.hf.HeuristicLength(initial=n)",
+    ),
+    "num_assistant_tokens_schedule": (
+        (None, "constant"),
+        "give draft_length=specsampling.gpu.hf.HeuristicLength(...) (transformers' "
+        "'heuristic_transient' schedule) or CostModelLength(...)",
+    ),
+    "assistant_confidence_threshold": (
+        (None, 0.4),
+        "give draft_model=specsampling.gpu.hf.ModelDraft(model, confidence=...)",
+    ),
+    "prompt_lookup_num_tokens": (
+        (None,),
+        "give draft_model=specsampling.gpu.hf.NGramDraft(...) with shape=Shape.chain(n)",
+    ),
+    "max_matching_ngram_size": (
+        (None,),
+        "give draft_model=specsampling.gpu.hf.NGramDraft(n=...)",
+    ),
+    "assistant_early_exit": (
+        (None,),
+        "give draft_model=specsampling.gpu.hf.LayerSkipDraft(model, layers)",
+    ),
+    "assistant_lookbehind": ((None, 10), "the draft shares the target's vocabulary here"),
+    "target_lookbehind": ((None, 10), "the draft shares the target's vocabulary here"),
+}
 
-    transformers drops ``assistant_model`` before it calls a callable ``custom_generate`` (it is
-    not in the callable's keyword arguments, and the generation config keeps no trace of it), so
-    the only place it is still visible is the calling frame's locals. Best effort: a caller that
-    is not transformers' ``generate`` gives ``None``.
+
+def _caller_local(name: str) -> Any:
+    """The local ``name`` of the transformers ``generate`` call that called us, if any.
+
+    transformers drops ``assistant_model``, ``streamer`` and ``synced_gpus`` before it calls a
+    callable ``custom_generate`` (they are not in the callable's keyword arguments, and the
+    generation config keeps no trace of them), so the only place they are still visible is the
+    calling frame's locals. Best effort: a caller that is not transformers' ``generate`` gives
+    ``None``.
     """
-    frame = sys._getframe(2)  # generate() -> _caller_assistant_model(); 2 = generate's caller
+    frame = sys._getframe(2)  # generate() -> _caller_local(); 2 = generate's caller
     if frame.f_code.co_name != "generate" or "transformers" not in frame.f_code.co_filename:
         return None
-    return frame.f_locals.get("assistant_model")
+    return frame.f_locals.get(name)
+
+
+class _PromptSent:
+    """A transformers streamer whose prompt transformers has already put: the decoder's own
+    ``put`` of the prompt is skipped, every later ``put`` and ``end`` passed on."""
+
+    def __init__(self, streamer: Any) -> None:
+        self.streamer, self.prompt_skipped = streamer, False
+
+    def put(self, tokens: torch.Tensor) -> None:
+        if not self.prompt_skipped:
+            self.prompt_skipped = True
+            return
+        self.streamer.put(tokens)
+
+    def end(self) -> None:
+        self.streamer.end()
 
 
 def generate(
@@ -76,13 +130,21 @@ def generate(
     uses itself); ``draft_model`` may be a :class:`ModelDraft` with ``confidence`` or a
     :class:`MixedDraft`. ``do_sample=False`` is greedy
     (``temperature = 0``); ``temperature`` / ``top_k`` / ``top_p`` go through
-    :func:`specsampling.gpu.process`. Any other logits processor or stopping criterion is refused
-    (it cannot be applied exactly to tree rows here) rather than silently dropped. Returns the
+    :func:`specsampling.gpu.process`. A ``streamer`` given to ``generate`` (which transformers
+    puts the prompt into and does not pass on) gets each round's committed tokens, then
+    ``end()``. Any other logits processor or stopping criterion is refused
+    (it cannot be applied exactly to tree rows here) rather than silently dropped, and so are
+    ``synced_gpus`` and transformers' assisted-generation settings (``num_assistant_tokens``,
+    ``assistant_confidence_threshold``, ``prompt_lookup_num_tokens``, ...) other than its
+    defaults, each error naming this decoder's equivalent. Returns the
     sequences ``[B, L]`` (prompt, then the generated tokens padded with ``pad_token_id``).
     """
-    if synced_gpus or streamer is not None:
-        raise ValueError("generate: synced_gpus and streamer are not supported")
-    if _caller_assistant_model() is not None:
+    if synced_gpus or _caller_local("synced_gpus"):
+        raise ValueError("synced_gpus: not supported by speculative decoding here")
+    if streamer is None and _caller_local("streamer") is not None:
+        # transformers put the prompt into it and then dropped it from our arguments
+        streamer = _PromptSent(_caller_local("streamer"))
+    if _caller_local("assistant_model") is not None:
         raise ValueError(
             "assistant_model: transformers does not pass it to a callable custom_generate, so it "
             "would be dropped; give the draft as draft_model=..., or call generate with "
@@ -95,6 +157,13 @@ def generate(
             raise ValueError(
                 f"{name}: beam search is not speculative sampling; speculative decoding here "
                 f"keeps {name}=1 (greedy with do_sample=False, or sampling)"
+            )
+    for name, (defaults, instead) in _ASSISTED_OPTIONS.items():
+        value = getattr(config, name, None)
+        if not any(value is d or value == d for d in defaults):
+            raise ValueError(
+                f"{name}: transformers' assisted-generation option is not read by this "
+                f"decoder (got {value!r}); {instead}"
             )
     if getattr(config, "return_dict_in_generate", False):
         raise ValueError(
@@ -132,6 +201,7 @@ def generate(
         pad_token_id=config.pad_token_id,
         key=key,
         window=window,
+        streamer=streamer,
     )
     return out.sequences
 
