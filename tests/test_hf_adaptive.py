@@ -22,9 +22,11 @@ accept; the negative control rejects at the same ``ALPHA`` (a power check).
 from __future__ import annotations
 
 import itertools
+import math
 from collections import Counter
 from fractions import Fraction
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -366,6 +368,27 @@ def test_a_chain_is_cut_to_the_budget(pair):
     assert out.stats.draft_forwards == 4 + 1  # chain(4) (the first with the prompt), chain(1)
 
 
+def test_a_round_with_one_token_left_drafts_nothing(pair):
+    """Where every row may emit one more token the target draws it: no draft forward, no
+    drafted node scored (as transformers' assisted generation; chain(1) was drafted), for
+    trees as for chains, and the greedy tokens unchanged."""
+    target, _ = pair
+    prompt = torch.tensor([PROMPTS[0]])
+    for scheme, shape, first in [
+        ("standard", Shape.chain(4), 4),
+        ("specinfer", Shape.paths(2, 2), 2),
+    ]:
+        dec = SpeculativeDecoder(target, target, scheme, shape)
+        dec.traces = []
+        out = dec.generate(prompt, max_new_tokens=1, temperature=0)
+        assert out.sequences[0, 5:].tolist() == greedy_reference(target, PROMPTS[0], 1)
+        assert (out.stats.draft_forwards, out.stats.target_forwards) == (0, 1)
+        assert [int(t.tree.num_nodes.max()) for t in dec.traces] == [1]
+        out = dec.generate(prompt, max_new_tokens=first + 2, temperature=0)
+        assert out.sequences[0, 5:].tolist() == greedy_reference(target, PROMPTS[0], first + 2)
+        assert out.stats.emitted == ((first + 1, 1),) and out.stats.draft_forwards == first
+
+
 def test_early_stopping_spends_no_forward_past_the_stop(pair):
     target, draft = pair
     stopped = SpeculativeDecoder(target, ModelDraft(draft, confidence=1.0), "standard")
@@ -650,6 +673,18 @@ def test_refusals(pair):
         CostModelLength(costs=1.0)
     with pytest.raises(ValueError, match="prior_alpha"):
         CostModelLength(prior_alpha=1.0)
+    for weight in (True, math.inf, float("nan"), 0):
+        with pytest.raises(ValueError, match="prior_weight: expected a finite number > 0"):
+            CostModelLength(prior_weight=weight)
+    assert CostModelLength(prior_weight=np.float32(2.0), prior_alpha=np.float64(0.5)).alpha == 0.5
+    assert ModelDraft(draft, confidence=np.float32(0.5)).confidence == 0.5  # numpy numbers too
+    with pytest.raises(TypeError, match="model: expected a Hugging Face causal LM"):
+        ModelDraft("x")
+    with pytest.raises(ValueError, match="layers: expected increasing distinct integer"):
+        LayerSkipDraft(target, [0.5])  # was taken as layer 0
+    for seed in (2**64, -1):
+        with pytest.raises(ValueError, match="seed: expected an integer"):
+            SpeculativeDecoder(target, draft).generate(torch.tensor([[1, 2]]), 2, seed=seed)
 
 
 def test_custom_generate_takes_the_new_options(pair):

@@ -193,6 +193,9 @@ def test_decode_refuses_unknown_models_naming_the_option(
         ("--shape", "circle(3)", "circle"),
         ("--seed", "abc", "an integer"),
         ("--seed", "1.5", "an integer"),
+        ("--seed", "-1", "[0, 2**64)"),
+        ("--seed", "18446744073709551616", "[0, 2**64)"),
+        ("--prompt", "", "an empty prompt"),
         ("--key", "k", "an integer"),
         ("--dtype", "int8", "invalid choice"),
     ],
@@ -227,6 +230,7 @@ def test_decode_ngram_needs_a_chain_before_loading(
         ["--graft", "--scheme", "nss"],
         ["--graft", "--scheme", "nss", "--shape", "paths(2, 2)"],
         ["--graft", "--scheme", "specinfer", "--shape", "paths(2, 2)"],
+        ["--mixed", "--scheme", "gumbel", "--key", "1"],
     ],
     ids=" ".join,
 )
@@ -239,6 +243,29 @@ def test_decode_adaptive_options_print_the_greedy_text(
     code, out, err = run([*argv, "--dtype", "float32", *options], capsys)
     assert code == 0, err
     assert out.startswith(PROMPT + expected + "\n")
+
+
+def test_max_draft_length_bounds_the_heuristic_schedule(
+    tiny_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--max-draft-length`` is the longest chain the heuristic may pick, also below the
+    shape's length (it was raised to the shape's, so chain(4) drafted 4)."""
+    decoders = []
+    original = hf_cli.SpeculativeDecoder
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        decoders.append(original(*args, **kwargs))
+        decoders[-1].traces = []
+        return decoders[-1]
+
+    monkeypatch.setattr(hf_cli, "SpeculativeDecoder", recording)
+    argv = ["decode", "--target", str(tiny_dir), "--draft", str(tiny_dir), "--prompt", PROMPT]
+    argv += ["--shape", "chain(4)", "--max-new-tokens", "12", "--temperature", "0"]
+    argv += ["--dtype", "float32", "--draft-length", "heuristic", "--max-draft-length", "2"]
+    code, _, err = run(argv, capsys)
+    assert code == 0, err
+    depths = [int(trace.tree.max_depth) for trace in decoders[0].traces]
+    assert max(depths) == 2 and len(depths) >= 4, depths
 
 
 @pytest.mark.parametrize(
@@ -289,6 +316,10 @@ def test_decode_adaptive_options_print_the_greedy_text(
         (["--confidence", "1.5"], "argument --confidence: expected a number in (0, 1]"),
         (["--draft-length", "long"], "argument --draft-length: invalid choice"),
         (["--max-draft-length", "0"], "argument --max-draft-length: expected an integer >= 1"),
+        (
+            ["--draft", "smollm2-135m", "--int8-draft", "--dtype", "float64"],
+            "--int8-draft: int8 weight-only quantisation takes float32, float16 or bfloat16",
+        ),
     ],
 )
 def test_decode_adaptive_options_refused_before_loading(

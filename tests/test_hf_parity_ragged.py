@@ -92,6 +92,10 @@ def parity_errors(target, draft, traces):
         where, prefixes = trace_prefixes(trace)
         errors, checked = [], 0
         for model, used in ((target, trace.target_logits), (draft, trace.draft_logits)):
+            if used is None:  # the last round, one token left: nothing drafted
+                assert model is draft and trace.tree.max_depth == 0
+                errors.append(0.0)
+                continue
             rows = torch.stack([used[b, n] for b, n in where])  # [R, V]
             expanded = ~torch.isnan(rows).any(-1)  # draft rows: the nodes drafting expanded
             error = (rows[expanded] - plain_logits(model, prefixes)[expanded]).abs()

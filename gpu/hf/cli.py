@@ -145,6 +145,19 @@ def _integer(text: str) -> int:
     return int(_number(text, integer=True))
 
 
+def _seed(text: str) -> int:
+    value = int(_number(text, integer=True))
+    if not 0 <= value < 2**64:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**64), got {text!r}")
+    return value
+
+
+def _prompt(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("expected some text, got an empty prompt")
+    return text
+
+
 def _scheme(text: str) -> str:
     if text not in SCHEMES:
         raise argparse.ArgumentTypeError(
@@ -202,7 +215,9 @@ def decode_parser() -> argparse.ArgumentParser:
         type=_shape,
         help="the draft tree shape, e.g. 'chain(4)' or 'paths(2, 4)' (default: %(default)s)",
     )
-    made.add_argument("--prompt", required=True, metavar="TEXT", help="the prompt text (required)")
+    made.add_argument(
+        "--prompt", required=True, metavar="TEXT", type=_prompt, help="the prompt text (required)"
+    )
     made.add_argument(
         "--no-chat-template",
         dest="chat_template",
@@ -241,9 +256,9 @@ def decode_parser() -> argparse.ArgumentParser:
     made.add_argument(
         "--seed",
         metavar="INT",
-        type=_integer,
+        type=_seed,
         default=None,
-        help="seed of every uniform of the run (default: a fresh random seed)",
+        help="seed of every uniform of the run, in [0, 2**64) (default: a fresh random seed)",
     )
     made.add_argument(
         "--key",
@@ -337,6 +352,11 @@ def _decode(args: argparse.Namespace) -> int:
     for option, used in needs_model:
         if used and not model_draft:
             raise ValueError(f"{option}: needs a draft model (--draft MODEL), got {args.draft!r}")
+    if args.int8_draft and args.dtype not in ("float32", "float16", "bfloat16"):
+        raise ValueError(
+            f"--int8-draft: int8 weight-only quantisation takes float32, float16 or bfloat16 "
+            f"weights (torch's int8 kernel), got --dtype {args.dtype}"
+        )
     if args.graft:
         if args.mixed:
             raise ValueError("--graft: mixes prompt lookup into every round; drop --mixed")
@@ -356,16 +376,15 @@ def _decode(args: argparse.Namespace) -> int:
         verification.check_key(args.key, None, 1)
     except ValueError as error:
         raise ValueError(f"--key: {str(error).removeprefix('key: ')}") from None
-    for option, used in (
+    for option, used in (  # (--mixed also runs with keyed couplings: lookup or model rounds)
         ("--draft-length", args.draft_length != "fixed"),
         ("--confidence", args.confidence is not None),
-        ("--mixed", args.mixed),
     ):
         if used:
             check_adaptive(verification, option)
     length: Any = None
-    if args.draft_length == "heuristic":
-        length = HeuristicLength(max_length=max(args.max_draft_length, args.shape.depth))
+    if args.draft_length == "heuristic":  # starts at the shape's length, at most the maximum
+        length = HeuristicLength(max_length=args.max_draft_length)
     elif args.draft_length == "cost":
         length = CostModelLength(max_length=args.max_draft_length)
     # Resolve both models before loading either: a typo in --draft costs no target load.

@@ -149,9 +149,10 @@ class SpeculativeDecoder:
     """Speculative decoding of ``target`` with ``draft`` under a lowered tree ``scheme``.
 
     A chain is never drafted past the budget: a round that can emit only ``r`` more tokens
-    drafts at most ``r - 1`` (as transformers' assisted generation does). That length is a
-    function of the past, so every chain scheme stays exact (the argument of the module
-    :mod:`~specsampling.gpu.hf.lengths`).
+    drafts at most ``r - 1`` (as transformers' assisted generation does), and a round where
+    every row has one token left drafts nothing, whatever the shape (the target's own draw).
+    That length is a function of the past, so every scheme stays exact (the argument of the
+    module :mod:`~specsampling.gpu.hf.lengths`); keyed couplings draft on their fixed plan.
 
     Parameters
     ----------
@@ -287,7 +288,10 @@ class SpeculativeDecoder:
         if seed is None:
             generator.seed()
         else:
-            generator.manual_seed(ss.validation.check_positive_int(seed, "seed", 0))
+            seed = ss.validation.check_positive_int(seed, "seed", 0)
+            if seed >= 2**64:  # torch's generators take 64 bits
+                raise ValueError(f"seed: expected an integer in [0, 2**64), got {seed}")
+            generator.manual_seed(seed)
         settings = (temperature, top_k, top_p)
         state = DecodeState(
             self.target,
@@ -320,8 +324,11 @@ class SpeculativeDecoder:
     # ------------------------------------------------------------------ one round
     def round(self, state: DecodeState) -> None:
         """Draft, score, verify, commit; finished rows leave the batch."""
+        if state.room() == 1 and isinstance(self.verification, TreeVerification):
+            self.last_round(state)
+            return
         shape = None  # this round's chain, chosen before anything is drawn
-        room = max(state.room(), 2)  # a round emits at most its length + 1 tokens
+        room = state.room()  # >= 2: a round emits at most its length + 1 tokens
         if self.length is not None:
             shape = Shape.chain(min(self.length.length(state.batch_size), room - 1))
             before, forwards = dict(state.times), getattr(self.drafter, "forwards", 0)
@@ -354,6 +361,25 @@ class SpeculativeDecoder:
                 self.drafter.select_rows(rows)
         if state.active:
             state.target.compact_if_sparse(state.compact_slack)
+
+    def last_round(self, state: DecodeState) -> None:
+        """Every active row may emit one more token: nothing is drafted (as transformers'
+        assisted generation drafts nothing there), the target scores the roots and its own
+        categorical draw is the token, exact for every tree verifier. Every row then finishes,
+        so the drafter's cache is not brought up to date (its ``stop`` follows)."""
+        proposal = Proposal(TreeBatch.roots(state.batch_size, state.device))
+        with state.timed("target"):
+            target_logits = state.score(proposal.tree)  # [B, 1, V]
+            target_probs = state.process(target_logits)  # [B, 1, V]
+        with state.timed("verify"):
+            verified = self.verification.verify(state, proposal, target_probs)
+        if self.traces is not None:
+            self.traces.append(RoundTrace.of(state, proposal, target_logits, verified))
+        keep = state.commit(proposal.tree, verified)
+        assert not keep, "a row had room for one token and did not finish"
+        none = torch.zeros(0, dtype=torch.long, device=state.device)
+        for part in (self.verification, state):
+            part.select_rows(keep, none)
 
     def output(self, state: DecodeState, pad_token_id: int, wall_time: float) -> DecodeOutput:
         stats = DecodeStats(

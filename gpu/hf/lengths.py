@@ -31,6 +31,8 @@ import math
 from abc import ABC, abstractmethod
 from typing import Any
 
+import numpy as np
+
 from specsampling.validation import check_positive_int
 
 
@@ -67,9 +69,11 @@ def check_confidence(confidence: Any) -> float | None:
     """``confidence`` (``None``, or a probability in ``(0, 1]``) as a float."""
     if confidence is None:
         return None
-    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)):
+    if isinstance(confidence, (bool, np.bool_)) or not isinstance(
+        confidence, (int, float, np.integer, np.floating)
+    ):
         raise ValueError(f"confidence: expected a number in (0, 1], got {confidence!r}")
-    if not 0 < confidence <= 1:
+    if not 0 < confidence <= 1:  # NaN fails too
         raise ValueError(f"confidence: expected a number in (0, 1], got {confidence!r}")
     return float(confidence)
 
@@ -176,10 +180,15 @@ class CostModelLength(DraftLength):
                 f"costs: expected a specsampling.simulators.CostModel, got {type(costs).__name__}"
             )
         self.costs = costs
-        if not (isinstance(prior_alpha, (int, float)) and 0 <= prior_alpha < 1):
+        real = (int, float, np.integer, np.floating)
+        if isinstance(prior_alpha, (bool, np.bool_)) or not (
+            isinstance(prior_alpha, real) and 0 <= prior_alpha < 1
+        ):
             raise ValueError(f"prior_alpha: expected a number in [0, 1), got {prior_alpha!r}")
-        if not (isinstance(prior_weight, (int, float)) and prior_weight > 0):
-            raise ValueError(f"prior_weight: expected a number > 0, got {prior_weight!r}")
+        if isinstance(prior_weight, (bool, np.bool_)) or not (
+            isinstance(prior_weight, real) and 0 < prior_weight < math.inf
+        ):
+            raise ValueError(f"prior_weight: expected a finite number > 0, got {prior_weight!r}")
         self.prior_alpha, self.prior_weight = float(prior_alpha), float(prior_weight)
         self.warmup = check_positive_int(warmup, "warmup", 0)
         self.start(1)

@@ -13,6 +13,7 @@ drafted, :func:`graft`) wait as its pending tokens.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
@@ -27,7 +28,7 @@ from ..chain import chain_batch
 from ..drafting import TreeDrafter
 from ..schemes.base import Verified
 from ..tree import PAD, TreeBatch, node_paths
-from .attention import KVState, forward_kwarg
+from .attention import KVState, check_causal_lm, forward_kwarg
 from .drafters import Drafter, Draw, NGramDraft, Proposal
 from .lengths import check_adaptive, check_confidence
 
@@ -50,7 +51,13 @@ class LayerSkipDraft:
                 " rotary_emb, layers, norm and model.lm_head)"
             )
         count = len(inner.layers)
-        chosen = tuple(int(i) for i in layers)
+        try:
+            chosen = tuple(operator.index(i) for i in layers)  # 0.5 refused, not layer 0
+        except TypeError:
+            raise ValueError(
+                f"layers: expected increasing distinct integer indices in [0, {count}), got "
+                f"{layers!r}"
+            ) from None
         if (
             not chosen
             or any(not 0 <= i < count for i in chosen)
@@ -165,6 +172,8 @@ class ModelDraft(Drafter):
     def __init__(self, model: Any, confidence: float | None = None) -> None:
         if isinstance(model, ModelDraft):
             model = model.model
+        if not isinstance(model, LayerSkipDraft):
+            check_causal_lm(model, "model")
         self.model = model
         self.confidence = check_confidence(confidence)
         self.kv: KVState | None = None
