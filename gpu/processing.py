@@ -29,18 +29,22 @@ How each step is computed:
 * **Top-k below float64, with or without top-p** (a host-known largest ``k < V`` on every
   row): no softmax of the whole row. :func:`~specsampling.gpu.ops.topk_blocks` of the *logits*
   (``torch.topk``'s values from the blocks with the largest maxima) gives the ``k + 1``
-  largest; the first ``k`` are kept, each with probability :math:`e^{(\ell - \max \ell) / T} / Z`,
-  ``Z`` the sum over the kept ones, every other token 0. With top-p on, the kept ones are the
+  largest; the first ``k`` are kept, each with probability :math:`w / Z`,
+  :math:`w = e^{(\ell - \max \ell) / T}`, ``Z`` the kept weights' integer mass in the units of
+  the dtype rule times :math:`2^{-s}`, rounded once to float32 (:func:`_kept_divisor`; an
+  integer sum does not depend on the order of addition, the batch's largest ``k`` or torch's
+  threads, so a row's values on this route are the same bit for bit alone or in any batch),
+  every other token 0. With top-p on, the kept ones are the
   first ``r <= k``: top-p inside :math:`K` needs only :math:`p_K = p / p(K)`, the top-``k``
   set's own distribution, which those ``k`` weights give (:func:`_nucleus_count`, in the
   integer units of the dtype rule). A row whose last kept and next logits are equal keeps, of
   the tied tokens, the lowest ids (one host read finds those rows; with ``validate=False`` on an
   accelerator every row is done by that threshold rule, bit for bit the same). Ranking by the
-  logits and not by the float32 probabilities differs from the reference only where two distinct
-  logits round to one float32 probability (a tie the reference breaks by id), the masses of
-  :math:`p_K` from those of the whole-row softmax of the other routes only by rounding (so the
-  kept tokens only where a mass-before lies within float32 rounding of the threshold), and the
-  values by rounding only.
+  logits, as the float64 reference's ranking by float64 probabilities does, keeps two distinct
+  logits apart where they round to one float32 probability (the other routes rank those as a
+  tie, lowest id first, and may keep the other one); the masses of :math:`p_K` differ from those
+  of the whole-row softmax of the other routes only by rounding (so the kept tokens only where a
+  mass-before lies within float32 rounding of the threshold), and the values by rounding only.
 * **Top-k and top-p otherwise, ``validate=True``** (the default; float64, or some row with
   ``k >= V``): a partial sort. ``torch.topk(m)`` (for small ``m`` by
   :func:`~specsampling.gpu.ops.topk_blocks`, the same values) gives the first ``m`` *values* of
@@ -122,12 +126,16 @@ V = 32,000, so no ``int64`` sum can overflow), ``p(K)`` is the integer sum over 
 :math:`\lceil \mathrm{top\_p} \cdot p(K) \rceil` (the product in float64). Integer sums are exact
 in any order, so every route over the softmax -- the radix select, the partial sort, the full
 sort, a parallel scan on an accelerator -- keeps the same tokens; they differ from the float64
-reference's only where a mass-before lies within float32 rounding of the threshold. The top-k
-route counts the masses of :math:`p_K`, formed in float32 from the logits (its ``p(K)`` is ``2^s``
-less rounding): its kept tokens may differ from the softmax routes' by that rounding at the
-threshold, and since the route is chosen for the whole call (every row with a known ``k < V``),
-a row's kept tokens below float64 may differ between batches, and between devices, in the same
-rare places.
+reference's only where a mass-before lies within float32 rounding of the threshold, or where
+float32 rounds two distinct probabilities to one value (ranked as a tie, lowest id first). The
+top-k route counts the integer masses of the weights :math:`w` formed in float32 from the logits
+(the largest is :math:`2^s`): its kept tokens may differ from the softmax routes' by that
+rounding at the threshold, and its values from theirs by rounding. The route is chosen for the
+whole call (every row with a host-known ``k < V``: a number, or a sequence without ``None``), so
+a row beside a row without top-k, or with ``k`` given as a tensor, takes a softmax route: its
+values below float64 may differ from the same row's on the top-k route by rounding, and its kept
+tokens in the same rare places. On one route a row's values are the same bit for bit alone or in
+any batch.
 """
 
 from __future__ import annotations
@@ -180,7 +188,9 @@ def process(
         float64 run on a partial sort of peaked rows and a radix select, and top-k / top-p on a
         partial sort (rows it cannot decide go to the full sort). With ``validate=False`` the
         call never synchronises with a device (for decoding loops whose inputs are known to be
-        valid; invalid values then give NaN rows): on an accelerator top-p then takes the full sort
+        valid; invalid values then give undefined rows: NaN, or values that look valid, such as
+        a one-hot for a negative temperature or ``k = 2`` for ``k = 2.5``): on an accelerator
+        top-p then takes the full sort
         (the same tokens, slower) unless a host-known ``k < V`` bounds it below float64; on the
         CPU, where host reads cost no synchronisation, it keeps the faster routes.
         Python scalars and sequences are always checked, on the host, at no device cost.
@@ -200,11 +210,16 @@ def process(
         Float64 keeps the reference's tokens; below float64 top-p counts masses in integer
         units of ``2 ** -(62 - bit_length(V))`` (the module docstring's dtype rule), so every
         device keeps the same tokens, which differ from float64's only where a cumulative mass
-        lies within float32 rounding of the threshold, and divides each row's kept
+        lies within float32 rounding of the threshold or float32 rounds two distinct
+        probabilities to one (ranked as a tie, lowest id first), and divides each row's kept
         probabilities by their integer mass (so a row's values are the same bit for bit alone
         or in any batch, whatever its neighbours' temperatures and cuts; a row with nothing
-        cut stays its softmax). With a known ``k < V`` on every row, top-p is counted inside the
-        top-``k`` set (the same tokens up to that rounding).
+        cut stays its softmax). With a host-known ``k < V`` on every row (a number, or a
+        sequence without ``None``) the call takes the top-k route, from the logits: a row's
+        values there are the same bit for bit alone or in any batch on that route, and differ
+        from the other routes' by float32 rounding (a row beside a row without top-k, or with
+        ``k`` as a tensor, takes the others); top-p is counted inside the top-``k`` set (the
+        same tokens up to that rounding).
 
     Raises
     ------
@@ -329,12 +344,14 @@ def _top_k_logits(
     ranks = torch.arange(size, device=x.device)  # [m]
     divisor = _divisor(x, temperature, greedy)  # [R, 1]
     highest = values[:, :1]  # [R, 1] the row maximum
-    weights = _kept_probs(values, highest, divisor, None)  # [R, m] unnormalised
+    weights = _kept_probs(values, highest, divisor, None)  # [R, m] unnormalised, <= 1
+    units = torch.where(ranks < counts, _fixed(weights, vocab_size), 0)  # [R, m] int64
     if not (top_p.host and top_p.host_min == math.inf):  # top-p on some row: r <= k tokens
         masses = _top_p_masses(top_p)  # [R]
-        counts = _nucleus_count(weights, counts, masses, vocab_size)  # [R, 1]
+        counts = _nucleus_count(units, counts, masses)  # [R, 1]
     kth = values.gather(-1, counts - 1)  # [R, 1]
-    total = torch.where(ranks < counts, weights, 0.0).sum(-1, keepdim=True)  # [R, 1]
+    mass = torch.where(ranks < counts, units, 0).sum(-1)  # [R]: exact, in any order
+    total = _kept_divisor(mass, vocab_size, x.dtype)  # [R, 1]: the row's own, whatever m
     if sync_free:
         keep = _top_k_from_kth(x, counts[:, 0], kth)  # [R, V]
         kept_probs = _kept_probs(x, highest, divisor, total)  # [R, V]
@@ -358,21 +375,19 @@ def _top_p_masses(top_p: _Parameter) -> torch.Tensor:
     return torch.where(top_p.rows >= 1, math.inf, top_p.rows.to(torch.float64))
 
 
-def _nucleus_count(
-    weights: torch.Tensor, counts: torch.Tensor, masses: torch.Tensor, vocab_size: int
-) -> torch.Tensor:
+def _nucleus_count(units: torch.Tensor, counts: torch.Tensor, masses: torch.Tensor) -> torch.Tensor:
     r"""How many of the first ``counts [R, 1]`` ranks top-p keeps, ``[R, 1]`` (at least 1).
 
-    ``weights [R, m]`` are the ranked top-``k`` tokens' unnormalised probabilities (decreasing,
-    :func:`_kept_probs`), ``masses [R]`` each row's ``top_p`` (``inf``: off, all ``k`` kept).
-    Top-p keeps a rank while the mass before it is below ``top_p`` of :math:`p(K)`, the same as
-    below ``top_p`` of :math:`p_K = p / p(K)`, the top-``k`` set's own distribution, which the
-    weights give without the rest of the row: :math:`p_K = w / \sum_K w` counted in
-    :func:`_fixed` units, the threshold :func:`_fixed_threshold` of their integer total."""
-    ranks = torch.arange(weights.shape[-1], device=weights.device)  # [m]
+    ``units [R, m]`` are the ranked top-``k`` tokens' unnormalised probabilities
+    :math:`w = e^{(\ell - \max \ell) / T}` (decreasing, :func:`_kept_probs`) in
+    :func:`_fixed` units, 0 from rank ``counts`` on; ``masses [R]`` each row's ``top_p``
+    (``inf``: off, all ``k`` kept). Top-p keeps a rank while the mass before it is below
+    ``top_p`` of :math:`p(K)`, the same as below ``top_p`` of :math:`\sum_K w` (``p`` is ``w``
+    over the row's normaliser), which the weights give without the rest of the row: their
+    integer sums, exact in any order, and the threshold :func:`_fixed_threshold` of their
+    integer total."""
+    ranks = torch.arange(units.shape[-1], device=units.device)  # [m]
     in_k = ranks < counts  # [R, m]
-    kept = torch.where(in_k, weights, 0.0)  # [R, m]
-    units = _fixed(kept / kept.sum(-1, keepdim=True), vocab_size)  # [R, m], the largest is 1
     cumulative = units.cumsum(-1)  # [R, m], exact
     threshold = _fixed_threshold(masses, cumulative[:, -1])  # [R]
     kept_ranks = in_k & (cumulative - units < threshold[:, None])  # [R, m], a prefix

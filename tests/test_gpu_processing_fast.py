@@ -1099,8 +1099,8 @@ def test_float32_top_k_with_top_p_one_more_mutant_is_caught(monkeypatch):
     """Top-p keeping the first dropped rank of the top-k set too fails the reference check."""
     original = processing._nucleus_count
 
-    def one_more(weights, counts, masses, vocab_size):
-        return torch.minimum(original(weights, counts, masses, vocab_size) + 1, counts)
+    def one_more(units, counts, masses):
+        return torch.minimum(original(units, counts, masses) + 1, counts)
 
     monkeypatch.setattr(processing, "_nucleus_count", one_more)
     with pytest.raises(AssertionError):
@@ -1128,3 +1128,23 @@ def test_unchecked_plain_softmax_equals_the_general_route(dtype, monkeypatch):
         process(x[:, 0], validate=False, **kwargs)
     process(x.double(), validate=False)
     assert len(general) == 5 * 3
+
+
+def test_top_k_route_rows_are_the_same_alone_and_in_any_batch():
+    """On the top-k route a row's values are a function of its own logits and parameters: its
+    normaliser is an integer sum (the batch's largest ``k`` padded the sum, and torch split a
+    long row's sum over threads, so a row alone and in a batch differed in the last bits)."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 1000, generator=generator)
+    for temperature, top_p in [(0.7, None), (1.0, 0.8), ([0.7, 1.3, 0.0], [0.9, None, 0.5])]:
+        batch = process(x, temperature, [5, 50, 999], top_p)
+        for row in range(3):
+            t = temperature[row] if isinstance(temperature, list) else temperature
+            p = top_p[row] if isinstance(top_p, list) else top_p
+            alone = process(x[row], t, [5, 50, 999][row], p)
+            assert torch.equal(alone, batch[row]), (temperature, top_p, row)
+    wide = torch.randn(3, 151_936, generator=generator)
+    batch = process(wide, 0.8, 40_000)
+    for row in range(3):
+        assert torch.equal(process(wide[row], 0.8, 40_000), batch[row]), row
+    assert torch.equal(process(wide, 0.8, 40_000, validate=False), batch)
