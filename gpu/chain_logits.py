@@ -24,11 +24,12 @@ and an accelerator wants one kernel, not a host loop).
 from __future__ import annotations
 
 import numbers
+import re
 from typing import Any
 
 import torch
 
-from specsampling.errors import UnsupportedShape
+from specsampling.errors import InvalidDistribution, UnsupportedShape
 from specsampling.tree import DrawLaw
 
 from . import ops
@@ -273,16 +274,44 @@ def verify_chain_logits(
             generator,
             num_draft_tokens,
         )[0]
-    return verify_chain(
-        scheme,
-        draft_tokens,
-        process(target_logits, temperature, top_k, top_p, validate=validate),
-        process(draft_logits, temperature, top_k, top_p, validate=validate),
-        noise,
-        generator=generator,
-        validate=validate,
-        num_draft_tokens=num_draft_tokens,
-        dtype=dtype,
+    tables = []
+    for name, logits in (("target_logits", target_logits), ("draft_logits", draft_logits)):
+        try:
+            tables.append(process(logits, temperature, top_k, top_p, validate=validate))
+        except InvalidDistribution as error:  # process names its table "logits"
+            raise InvalidDistribution(_renamed(str(error), {"logits": name})) from None
+    try:
+        return verify_chain(
+            scheme,
+            draft_tokens,
+            *tables,
+            noise,
+            generator=generator,
+            validate=validate,
+            num_draft_tokens=num_draft_tokens,
+            dtype=dtype,
+        )
+    except InvalidDistribution as error:  # named after verify_chain's processed tables
+        raise InvalidDistribution(_renamed(str(error), _TABLE_NAMES)) from None
+
+
+#: :func:`~specsampling.gpu.chain.verify_chain`'s names for the processed tables, and what
+#: :func:`verify_chain_logits` calls the logits they come from.
+_TABLE_NAMES = {"target_probs": "target_logits", "draft_probs": "draft_logits"}
+
+
+def _renamed(message: str, names: dict[str, str]) -> str:
+    """``message`` with the argument it starts with renamed by ``names`` (``logits[2]: ...`` ->
+    ``draft_logits[2]: ...``), and the hint of a drafted token of zero draft probability put in
+    terms of logits (its cause here is a top-k or top-p cut of the draft's row, not underflow)."""
+    for old, new in names.items():
+        if re.match(rf"{old}\b", message):
+            message = new + message[len(old) :]
+            break
+    return message.replace(
+        "cannot have been sampled (underflow in a low precision softmax? pass draft_probs=None "
+        "for deterministic drafts)",
+        "cannot have been sampled from the processed draft (outside its top-k / top-p set?)",
     )
 
 

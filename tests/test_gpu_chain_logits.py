@@ -259,6 +259,33 @@ def test_bad_input_is_refused_naming_the_argument() -> None:
             ssg.verify_chain_logits("standard", tokens, target, draft, top_k=top_k, validate=False)
 
 
+def test_checked_errors_name_the_logits_arguments() -> None:
+    """With ``validate=True`` an error names this function's own arguments (``target_logits``,
+    ``draft_logits``), not ``process``'s ``logits`` (which of the two?) or ``verify_chain``'s
+    ``target_probs`` / ``draft_probs``; a drafted token outside the processed draft's support
+    is blamed on a top-k / top-p cut, not on underflow (whose advice, ``draft_probs=None``, has
+    no equivalent here)."""
+    target, draft, tokens = torch.zeros(1, 3, 4), torch.zeros(1, 2, 4), torch.tensor([[1, 2]])
+    nan = draft.clone()
+    nan[0, 1, 0] = float("nan")
+    cases = [
+        ((tokens, target, nan), {}, r"^draft_logits: NaN or \+inf"),
+        ((tokens, nan[:, 1:].expand(1, 3, 4), draft), {}, r"^target_logits: NaN or \+inf"),
+        ((tokens, target[:, :2], draft), {}, r"^target_logits: expected shape \(1, 3,"),
+        ((tokens, target, torch.zeros(1, 2, 5)), {}, r"^draft_logits: vocabulary mismatch"),
+        ((tokens, target, None), {}, r"^draft_logits: expected an array"),
+        (
+            (tokens, target, draft),
+            {"top_k": 1},
+            r"^draft_logits\[0, 0\]: the drafted token 1 has zero draft probability, so it "
+            r"cannot have been sampled from the processed draft \(outside its top-k / top-p",
+        ),
+    ]
+    for args, options, message in cases:
+        with pytest.raises(InvalidDistribution, match=message):
+            ssg.verify_chain_logits("standard", *args, **options)
+
+
 def test_fast_path_inputs_of_other_kinds_match_the_whole_tables() -> None:
     """Numpy and integer temperatures, logits that require grad (read detached, as ``process``
     and ``verify_chain`` read them), float32 noise, int32 tokens and strided logits take the
