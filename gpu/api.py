@@ -192,12 +192,7 @@ def check_batch_round(
     the guesses and the token range."""
     shape = tuple(batch.parents.shape)
     for name, table in (("target_probs", target_probs), ("draft_probs", draft_probs)):
-        if not isinstance(table, torch.Tensor) or not table.is_floating_point():
-            raise InvalidDistribution(
-                f"{name}: expected a float tensor of shape ({shape[0]}, {shape[1]}, vocab_size),"
-                f" got {type(table).__name__}"
-                + (f" of dtype {table.dtype}" if isinstance(table, torch.Tensor) else "")
-            )
+        check_table_kind(name, table, f"({shape[0]}, {shape[1]}, vocab_size)")
         if table.ndim != 3 or tuple(table.shape[:2]) != shape or table.shape[2] == 0:
             raise InvalidDistribution(
                 f"{name}: expected shape ({shape[0]}, {shape[1]}, vocab_size), got "
@@ -238,6 +233,30 @@ def check_batch_round(
         f"batch.tokens[{row}, {node}]: token id {int(batch.tokens[row, node])} >= vocab_size "
         f"{vocab_size}"
     )
+
+
+#: The dtypes a probability table may have (float8 has no arithmetic to verify with).
+TABLE_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_table_kind(name: str, table: Any, shape: str) -> None:
+    """Raise :class:`~specsampling.InvalidDistribution` naming ``name`` unless ``table`` is a
+    tensor of a :data:`TABLE_DTYPES` dtype holding values (not on the ``meta`` device);
+    ``shape`` is the expected shape, as the message words it.
+
+    >>> check_table_kind("p", torch.zeros(2).to(torch.float8_e4m3fn), "(2,)")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    specsampling.errors.InvalidDistribution: p: expected a float tensor (...), got ...float8_e4m3fn
+    """
+    if not isinstance(table, torch.Tensor) or table.dtype not in TABLE_DTYPES:
+        raise InvalidDistribution(
+            f"{name}: expected a float tensor (float64, float32, bfloat16 or float16) of shape "
+            f"{shape}, got {type(table).__name__}"
+            + (f" of dtype {table.dtype}" if isinstance(table, torch.Tensor) else "")
+        )
+    if table.device.type == "meta":
+        raise InvalidDistribution(f"{name}: a tensor on the meta device holds no values")
 
 
 def raise_row_defect(

@@ -71,7 +71,7 @@ from specsampling.schemes.ot_optimal import OTOptimal
 from specsampling.tree import DrawLaw
 
 from . import ops
-from .api import TOLERANCE, check_tolerance, raise_row_defect
+from .api import TOLERANCE, check_table_kind, check_tolerance, raise_row_defect
 from .chain_rules import BLOCK_CHAIN, NSS_CHAIN, TRAVERSAL_CHAIN, ChainRound, host_verdicts
 from .noise import Noise, check_generator
 from .schemes import tree_lowering
@@ -847,12 +847,7 @@ def check_chain_shapes(
     if draft_probs is not None:
         tables.append(("draft_probs", draft_probs, gamma))
     for name, table, rows in tables:
-        if not isinstance(table, torch.Tensor) or not table.is_floating_point():
-            raise InvalidDistribution(
-                f"{name}: expected a float tensor of shape ({batch_size}, {rows}, vocab_size), "
-                f"got {type(table).__name__}"
-                + (f" of dtype {table.dtype}" if isinstance(table, torch.Tensor) else "")
-            )
+        check_table_kind(name, table, f"({batch_size}, {rows}, vocab_size)")
         if table.ndim != 3 or tuple(table.shape[:2]) != (batch_size, rows) or not table.shape[2]:
             raise InvalidDistribution(
                 f"{name}: expected shape ({batch_size}, {rows}, vocab_size), got "

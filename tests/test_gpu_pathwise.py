@@ -503,6 +503,9 @@ def test_bad_tables_are_refused_naming_the_argument() -> None:
         (target, draft[..., :2], "draft_probs: vocabulary mismatch"),
         (target.numpy(), draft, "target_probs: expected a float tensor"),
         (target, draft.long(), "draft_probs: expected a float tensor"),
+        # float8 (no arithmetic) and meta tensors (no values) reached raw torch errors
+        (target.to(torch.float8_e4m3fn), draft, "target_probs: expected a float tensor .*float16"),
+        (target, draft.to("meta"), "draft_probs: a tensor on the meta device holds no values"),
     ]
     bad = target.clone()
     bad[0, 1, 2] = float("nan")
@@ -516,6 +519,11 @@ def test_bad_tables_are_refused_naming_the_argument() -> None:
     for t, d, message in cases:
         with pytest.raises(ss.InvalidDistribution, match=message):
             ssg.verify("specinfer", batch, t, d, noise)
+    tokens, chain = torch.tensor([[1, 0]]), target[:1]
+    for t, d, message in cases[4:6]:  # verify_chain refuses them the same way
+        with pytest.raises(ss.InvalidDistribution, match=message):
+            ssg.verify_chain("specinfer", tokens, t[:1], d[:1, :2])
+    assert ssg.verify_chain("specinfer", tokens, chain, chain[:, :2], validate=True).tokens.shape
     padded = target.clone()
     padded[1, 2] = float("nan")  # node 2 of row 1 is padding: never checked, never read
     ssg.verify("specinfer", batch, padded, draft, noise)
