@@ -301,6 +301,14 @@ class RecordedTrees:
         shape = check_shape(shape)
         if not trees:
             raise ValueError("trees: nothing to record")
+        for i, tree in enumerate(trees):  # replay rebuilds every tree with the shape's law
+            if tree.law is not shape.law or tree.guesses:
+                raise ValueError(
+                    f"trees[{i}]: drawn by law {tree.law.value!r}"
+                    + (" with a grafted guess" if tree.guesses else "")
+                    + f", but a recording of {shape!r} replays every tree by its law "
+                    f"{shape.law.value!r} (record trees drafted by the shape's own law)"
+                )
         count = len(trees)
         width = max(t.num_nodes for t in trees)
         vocab = int(np.asarray(targets[0]).shape[1])
@@ -595,7 +603,14 @@ def record(
             scheme = "traversal"
         else:
             scheme = "nss"  # deterministic and own-law trees
-    decoder = hf.SpeculativeDecoder(target, draft, scheme, shape)
+    drafter = hf.drafters.as_drafter(draft)
+    if getattr(drafter, "law", None) is not None or isinstance(drafter, hf.MixedDraft):
+        raise ValueError(
+            f"draft: {type(drafter).__name__} proposes trees by another law than the shape's "
+            "(point-mass lookups, grafted branches), which a recording cannot replay; record a "
+            "draft model (a causal LM, LayerSkipDraft or ModelDraft)"
+        )
+    decoder = hf.SpeculativeDecoder(target, drafter, scheme, shape)
     trees: list[ss.DraftTree] = []
     targets: list[np.ndarray] = []
     drafts: list[np.ndarray] = []

@@ -103,6 +103,50 @@ def test_replay_refuses_schemes_and_shapes_it_is_not_exact_for(recorded) -> None
         sim.estimate("traversal", recorded, num_trees=301)
 
 
+def test_trees_of_another_law_are_refused_at_recording(tmp_path) -> None:
+    """A recording replays every tree by its shape's law, so a tree of another law (a grafted
+    guess, point-mass lookups) is refused when packed, and drafters proposing such trees before
+    decoding (they were recorded as the shape's law, their missing draft rows as the target's:
+    ``standard`` then replayed every lookup as accepted, and schemes the decoder refused for
+    grafted trees were scored)."""
+    from specsampling.gpu.hf import MixedDraft, NGramDraft
+
+    shape = ss.Shape.star(2)
+    grafted = ss.DraftTree.from_draws([(0, 1), (0, 2)], law="iid").graft([3])
+    plain = ss.DraftTree.from_draws([(0, 1), (0, 2)], law="iid")
+    rows = np.full((4, 4), 0.25)
+    with pytest.raises(ValueError, match=r"trees\[1\]: drawn by law 'grafted' with a grafted"):
+        sim.RecordedTrees.from_tables(
+            [plain, grafted], [rows[:3], rows], [rows[:3], rows], None, shape=shape, keep=None
+        )
+    chain = ss.DraftTree.chain([1, 2], law="deterministic")
+    with pytest.raises(ValueError, match=r"trees\[0\]: drawn by law 'deterministic'"):
+        sim.RecordedTrees.from_tables(
+            [chain], [rows[:3]], [rows[:3]], None, shape=ss.Shape.chain(2), keep=None
+        )
+    assert (
+        len(
+            sim.RecordedTrees.from_tables(
+                [plain], [rows[:3]], [rows[:3]], None, shape=shape, keep=None
+            )
+        )
+        == 1
+    )
+    target = tiny_causal_lm("llama", 0, vocab=16)
+    for draft in (NGramDraft(n=2), MixedDraft(perturbed(target, 0.3, seed=1))):
+        with pytest.raises(ValueError, match=f"draft: {type(draft).__name__} proposes trees"):
+            sim.record(
+                target,
+                draft,
+                [[1, 2, 1, 2]],
+                tmp_path / "r.npz",
+                shape=ss.Shape.chain(2),
+                keep=None,
+                max_new_tokens=4,
+            )
+        assert not (tmp_path / "r.npz").exists()
+
+
 def test_record_captures_the_decoders_rounds(tmp_path) -> None:
     target = tiny_causal_lm("llama", 0, vocab=48)
     draft = perturbed(target, 0.3, seed=1)
