@@ -370,7 +370,7 @@ def _decode(args: argparse.Namespace) -> int:
         )
     # The scheme against the shape, the key and the adaptive options, before any model loads.
     verification = verification_for(args.scheme, args.shape)
-    if args.draft != "ngram":  # a draft model, or none: trees sampled by the shape's law
+    if args.draft not in (None, "ngram"):  # a draft model: trees sampled by the shape's law
         verification.check_law(None, "--draft")
     try:
         verification.check_key(args.key, None, 1)
