@@ -19,6 +19,7 @@ their progress on standard error.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -279,6 +280,8 @@ def lossless_error(
     emitted = extended_law(resolved, pair, shape, length, prefix, max_trees=max_trees, graft=graft)
     target = target_joint(pair, length, prefix)
     deviations = [abs(emitted.get(seq, 0) - target.get(seq, 0)) for seq in {*emitted, *target}]
+    if any(d != d for d in deviations):  # a NaN: max() would skip it where it is not first
+        return math.nan
     return max(deviations)
 
 
@@ -382,8 +385,10 @@ def _single_shape(scheme: Scheme, pair: Stationary, num_drafts: int) -> Shape:
 
 def _about(count: int) -> str:
     """An integer count for a message, in scientific notation (no float overflow)."""
-    digits = len(str(count))
-    return f"{float(count):.2g}" if digits < 300 else f"1e+{digits - 1}"
+    if count.bit_length() < 1000:  # below float64's overflow: its own rounding
+        return f"{float(count):.2g}"
+    # math.log10 takes any int (str() refuses more than 4,300 digits)
+    return f"1e+{math.floor(math.log10(count))}"
 
 
 class _Progress:

@@ -154,6 +154,18 @@ def cumulative(values: Floats) -> Floats:
     return out
 
 
+def finite_ratios(target: Floats, draft: Floats) -> npt.NDArray[np.bool_]:
+    """The tokens whose ratio ``target / draft`` the float laws use: ``draft > 0`` and the ratio
+    at most float64's largest value over ``4 V`` (so sums of ``V`` ratio-scaled terms stay
+    finite). A token beyond it has a draft probability below ``4 V / 1.8e308`` of its target
+    probability (subnormal in practice): it is drafted with probability under ``1e-300``, and is
+    left out of the ratios (its hit mass, at most its draft mass, is dropped; ``inf`` ratios
+    made NaN or ``log(0)`` in the integrals)."""
+    cap = np.finfo(np.float64).max / (4 * max(1, draft.shape[0]))
+    kept: npt.NDArray[np.bool_] = (draft > 0) & (target <= draft * cap)
+    return kept
+
+
 def ratio_profile(target: Floats, draft: Floats) -> RatioProfile:
     """:class:`RatioProfile` of validated float distributions: one sort and prefix sums, O(V log V).
 
@@ -164,7 +176,7 @@ def ratio_profile(target: Floats, draft: Floats) -> RatioProfile:
     >>> prof.order.tolist(), prof.phi.round(12).tolist()
     ([2, 1, 0], [0.0, 0.3, 1.5])
     """
-    order = np.flatnonzero(draft > 0)
+    order = np.flatnonzero(finite_ratios(target, draft))
     ratios = target[order] / draft[order]
     sort = np.argsort(ratios, kind="stable")
     order, ratios = order[sort], ratios[sort]
@@ -281,7 +293,7 @@ def poisson_hits(
     if size == 1:  # a list of one is the Gumbel coupling: its closed form, any vocabulary
         hits: Floats = np.asarray(gumbel_hits(p, q), dtype=np.float64)
         return hits
-    tokens = np.flatnonzero((p > 0) & (q > 0))
+    tokens = np.flatnonzero((p > 0) & finite_ratios(p, q))
     pairs = tokens.shape[0] * int(np.count_nonzero(q))
     if pairs > POISSON_MAX_PAIRS:
         raise ValueError(

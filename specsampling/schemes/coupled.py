@@ -88,14 +88,15 @@ class KeyedScheme(SchemeDefaults):
             else:
                 steps = self.transitions(target, pair.draft(context), shape, len(path), state)
             for token, prob, after in steps:
-                if not prob > 0:
-                    continue
+                mass = weight * prob
+                if not mass > 0:  # an impossible step, or a path whose float64 mass underflows
+                    continue  # (0 / 0 below otherwise: NaN in the round law)
                 if after is None:
                     law = laws.setdefault(path, {})
                     verdict = Verdict(len(path), token)
-                    law[verdict] = law.get(verdict, 0) + weight * prob
+                    law[verdict] = law.get(verdict, 0) + mass
                 else:
-                    pending.append(((*path, token), after, weight * prob))
+                    pending.append(((*path, token), after, mass))
         for path, law in laws.items():
             mass = sum(law.values())
             yield DraftTree.chain(path), mass, {v: prob / mass for v, prob in law.items()}

@@ -96,6 +96,15 @@ class ConstantRatio(Policy):
     rho: Scalar | None = None
     oblivious: ClassVar[bool] = True
 
+    def __post_init__(self) -> None:
+        rho = self.rho
+        if rho is not None and (
+            isinstance(rho, (bool, np.bool_))
+            or not isinstance(rho, (int, float, Fraction, np.integer, np.floating))
+            or not 0 < rho < float("inf")
+        ):
+            raise ValueError(f"rho: expected None or a finite number > 0, got {rho!r}")
+
     def at_node(self, target: Probs, draft: Probs, num_candidates: int) -> Policy:
         if self.rho is not None:
             return self
